@@ -1,0 +1,67 @@
+"""Every Redis key aqw writes is named here.
+
+All keys of one queue share the hash tag ``{queue}``, so each Lua script touches one slot
+and the same scripts run on Redis Cluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PREFIX = "aqw"
+GROUP = "aqw"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueKeys:
+    """Key names of one queue."""
+
+    queue: str
+
+    @property
+    def tag(self) -> str:
+        return f"{PREFIX}:{{{self.queue}}}"
+
+    @property
+    def stream(self) -> str:
+        return f"{self.tag}:stream"
+
+    @property
+    def delayed(self) -> str:
+        return f"{self.tag}:delayed"
+
+    @property
+    def dlq(self) -> str:
+        return f"{self.tag}:dlq"
+
+    @property
+    def fence(self) -> str:
+        return f"{self.tag}:fence"
+
+    @property
+    def stats(self) -> str:
+        return f"{self.tag}:stats"
+
+    def lease(self, job_id: str) -> str:
+        return f"{self.tag}:lease:{job_id}"
+
+    def lock(self, name: str) -> str:
+        return f"{self.tag}:lock:{name}"
+
+    def done(self, key: str) -> str:
+        return f"{self.tag}:done:{key}"
+
+    def pattern(self) -> str:
+        """A SCAN pattern matching every key of this queue."""
+        return f"{PREFIX}:{{{self.queue}}}:*"
+
+
+def validate_queue_name(name: str) -> str:
+    """Queue names become part of key names: keep them printable and brace-free."""
+    from .errors import ConfigError
+
+    if not name or len(name) > 200 or any(c in name for c in "{}\n\r\t ") or not name.isprintable():
+        raise ConfigError(
+            f"invalid queue name {name!r}: use 1-200 printable characters without spaces or braces"
+        )
+    return name

@@ -1,0 +1,226 @@
+"""The App: a task registry bound to a broker, the producer API and the embedding entry point."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+from ._keys import validate_queue_name
+from .brokers import Broker, from_url
+from .errors import ConfigError, UnknownTask
+from .job import Job
+from .retry import RetryPolicy
+from .task import Enqueued, Handler, Task, TaskOptions
+
+if TYPE_CHECKING:
+    from .dlq import DeadLetters
+    from .runtime import Worker
+
+R = TypeVar("R")
+
+
+class App:
+    """A set of tasks on one queue.
+
+    Args:
+        broker: a broker URL (``memory://``, ``redis://host:6379/0``, ``sqs://queue?...``) or a
+            :class:`~aqw.brokers.Broker` instance. Default: the in-process ``memory://``.
+        queue: the queue name (default ``"default"``).
+        retry: the default :class:`RetryPolicy` of every task.
+        lease_ttl: default seconds a job's lease lives between renewals.
+        timeout: default seconds a handler may run (None: no limit).
+        max_deliveries: deliveries without a settle (e.g. the worker crashed mid-job each time)
+            after which a job is dead-lettered as a poison message.
+    """
+
+    def __init__(
+        self,
+        broker: str | Broker = "memory://",
+        *,
+        queue: str = "default",
+        retry: RetryPolicy | None = None,
+        lease_ttl: float = 30.0,
+        timeout: float | None = None,
+        max_deliveries: int = 10,
+    ) -> None:
+        validate_queue_name(queue)
+        if lease_ttl <= 0:
+            raise ConfigError(f"App lease_ttl must be > 0 seconds, got {lease_ttl!r}")
+        if timeout is not None and timeout <= 0:
+            raise ConfigError(f"App timeout must be > 0 seconds or None, got {timeout!r}")
+        if max_deliveries < 1:
+            raise ConfigError(f"App max_deliveries must be >= 1, got {max_deliveries!r}")
+        self.broker_url = broker if isinstance(broker, str) else None
+        self.broker: Broker = from_url(broker, queue) if isinstance(broker, str) else broker
+        self.queue = self.broker.queue
+        self.retry = retry or RetryPolicy()
+        self.lease_ttl = lease_ttl
+        self.timeout = timeout
+        self.max_deliveries = max_deliveries
+        self.tasks: dict[str, Task[Any]] = {}
+
+    def __repr__(self) -> str:
+        broker = type(self.broker).__name__
+        return f"<App queue={self.queue!r} broker={broker} tasks={len(self.tasks)}>"
+
+    # -- registration ----------------------------------------------------------------------
+
+    @overload
+    def task(self, fn: Handler[R], /) -> Task[R]: ...
+
+    @overload
+    def task(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        max_retries: int | None = None,
+        retry: RetryPolicy | None = None,
+        lease_ttl: float | None = None,
+        timeout: float | None = None,
+        sla: float | None = None,
+    ) -> Callable[[Handler[R]], Task[R]]: ...
+
+    def task(
+        self,
+        fn: Handler[R] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        max_retries: int | None = None,
+        retry: RetryPolicy | None = None,
+        lease_ttl: float | None = None,
+        timeout: float | None = None,
+        sla: float | None = None,
+    ) -> Task[R] | Callable[[Handler[R]], Task[R]]:
+        """Register an ``async def`` handler: ``@app.task`` or ``@app.task(max_retries=5)``.
+
+        Args:
+            name: the task's name on the wire (default: the function's ``__qualname__``).
+            max_retries: retries after the first run (overrides the policy's bound).
+            retry: this task's :class:`RetryPolicy` (default: the app's).
+            lease_ttl: seconds the job's lease lives between renewals.
+            timeout: seconds the handler may run before it is cancelled and retried.
+            sla: the expected duration in seconds; a job running past 2x is reported stuck.
+        """
+
+        def register(handler: Handler[R]) -> Task[R]:
+            task_name = name or handler.__qualname__
+            if task_name in self.tasks:
+                raise ConfigError(f"a task named {task_name!r} is already registered")
+            policy = retry or self.retry
+            if max_retries is not None:
+                policy = policy.with_max_retries(max_retries)
+            ttl = lease_ttl if lease_ttl is not None else self.lease_ttl
+            limit = timeout if timeout is not None else self.timeout
+            if ttl <= 0:
+                raise ConfigError(f"task {task_name!r}: lease_ttl must be > 0, got {ttl!r}")
+            if limit is not None and limit <= 0:
+                raise ConfigError(f"task {task_name!r}: timeout must be > 0, got {limit!r}")
+            if sla is not None and sla <= 0:
+                raise ConfigError(f"task {task_name!r}: sla must be > 0, got {sla!r}")
+            options = TaskOptions(policy, ttl, limit, sla, self.max_deliveries)
+            task = Task(self, handler, task_name, options)
+            self.tasks[task_name] = task
+            return task
+
+        if fn is not None:
+            return register(fn)
+        return register
+
+    def get_task(self, name: str) -> Task[Any]:
+        """The task registered as ``name``; raises :class:`~aqw.errors.UnknownTask`."""
+        try:
+            return self.tasks[name]
+        except KeyError:
+            known = ", ".join(sorted(self.tasks)) or "none"
+            raise UnknownTask(f"unknown task {name!r} (registered: {known})") from None
+
+    # -- producing -------------------------------------------------------------------------
+
+    async def enqueue(
+        self,
+        task: Task[Any] | str,
+        payloads: Sequence[Any],
+        *,
+        key: str | None = None,
+        delay: float | None = None,
+        at: datetime | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> list[Enqueued]:
+        """Validate and enqueue jobs of ``task`` (a Task or a task name), one per payload."""
+        target = self.get_task(task) if isinstance(task, str) else task
+        if delay is not None and at is not None:
+            raise ConfigError("enqueue: pass either delay= or at=, not both")
+        if delay is not None and delay < 0:
+            raise ConfigError(f"enqueue: delay must be >= 0 seconds, got {delay!r}")
+        if key is not None and (not key or len(key) > 1000):
+            raise ConfigError("enqueue: key must be a non-empty string of at most 1000 chars")
+        run_at = _run_at(delay, at)
+        bodies = [target.validate(p) for p in payloads]  # raises before anything is written
+        jobs = [
+            Job(task=target.name, payload=body, key=key, headers=dict(headers or {}))
+            for body in bodies
+        ]
+        if run_at is not None and run_at > time.time():
+            await self.broker.schedule(jobs, run_at)
+        else:
+            await self.broker.publish(jobs)
+        return [Enqueued(job.id) for job in jobs]
+
+    # -- running ---------------------------------------------------------------------------
+
+    def worker(
+        self,
+        concurrency: int = 100,
+        *,
+        prefetch: int = 0,
+        grace: float = 30.0,
+        burst: bool = False,
+        handle_signals: bool = False,
+    ) -> Worker:
+        """A worker for this app, used as ``async with app.worker(concurrency=64):``.
+
+        Args:
+            concurrency: most jobs running at once.
+            prefetch: extra jobs fetched ahead of free slots (0: never hold a job that
+                cannot start at once).
+            grace: seconds running jobs get to finish on shutdown before they are cancelled
+                and handed back for immediate redelivery.
+            burst: stop by itself once the queue is empty.
+            handle_signals: stop gracefully on SIGINT/SIGTERM.
+        """
+        from .runtime import Worker
+
+        return Worker(
+            self,
+            concurrency=concurrency,
+            prefetch=prefetch,
+            grace=grace,
+            burst=burst,
+            handle_signals=handle_signals,
+        )
+
+    @property
+    def dlq(self) -> DeadLetters:
+        """The dead-letter queue: list, show, replay and purge dead jobs."""
+        from .dlq import DeadLetters
+
+        return DeadLetters(self)
+
+    async def close(self) -> None:
+        """Close the broker's connections."""
+        await self.broker.close()
+
+
+def _run_at(delay: float | None, at: datetime | None) -> float | None:
+    if delay:
+        return time.time() + delay
+    if at is not None:
+        if at.tzinfo is None:
+            at = at.replace(tzinfo=UTC)
+        return at.timestamp()
+    return None

@@ -1,0 +1,42 @@
+"""Brokers, chosen by URL: ``redis://``, ``rediss://``, ``sqs://`` or ``memory://``."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from ..errors import ConfigError
+from .base import Broker, DeadJob, Delivery, Failure, QueueDepth
+
+__all__ = ["Broker", "DeadJob", "Delivery", "Failure", "QueueDepth", "from_url"]
+
+
+def from_url(url: str, queue: str = "default") -> Broker:
+    """The broker a URL names.
+
+    - ``memory://`` (in-process; ``memory://name`` picks the queue name)
+    - ``redis://host:port/db?queue=name`` or ``rediss://...``
+    - ``sqs://QUEUE_NAME?region=...&endpoint_url=...`` or ``sqs://`` + a queue URL
+    """
+    scheme = urlsplit(url).scheme.lower()
+    if scheme == "memory":
+        from .memory import MemoryBroker
+
+        name = urlsplit(url).netloc or queue
+        return MemoryBroker(name)
+    if scheme in ("redis", "rediss", "unix"):
+        from .redis import RedisBroker, split_queue
+
+        plain, name = split_queue(url, queue)
+        return RedisBroker(plain, name)
+    if scheme == "sqs":
+        try:
+            from .sqs import SQSBroker  # type: ignore[import-not-found,unused-ignore]
+        except ImportError as exc:  # pragma: no cover - depends on installed extras
+            raise ConfigError(
+                "the sqs:// broker needs the 'sqs' extra: pip install 'aqw[sqs]'"
+            ) from exc
+        broker: Broker = SQSBroker.from_url(url, queue)
+        return broker
+    raise ConfigError(
+        f"unknown broker URL {url!r}: expected memory://, redis://, rediss:// or sqs://"
+    )

@@ -1,0 +1,208 @@
+"""The broker contract: what the runtime needs from a queue, whatever holds it.
+
+A broker moves opaque job bytes. It knows nothing of tasks or the runtime: it publishes,
+hands out deliveries, and settles them (ack, retry later, dead-letter, give back) in steps
+that are atomic on its side.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..job import Job
+from ..lease import Lease, LeaseBackend
+
+
+@dataclass(slots=True)
+class Delivery:
+    """One message handed to this worker. ``job`` is None until decoded."""
+
+    id: str
+    data: bytes
+    delivery_count: int = 1
+    receipt: Any = None
+    job: Job | None = None
+    attributes: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True, frozen=True)
+class QueueDepth:
+    """How much work a queue holds, by state."""
+
+    waiting: int
+    in_flight: int
+    delayed: int
+    dead: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "waiting": self.waiting,
+            "in_flight": self.in_flight,
+            "delayed": self.delayed,
+            "dead": self.dead,
+        }
+
+
+@dataclass(slots=True, frozen=True)
+class Failure:
+    """Why a job is being dead-lettered or retried."""
+
+    error_type: str
+    error: str
+    traceback: str = ""
+    worker: str = ""
+    first_failed_at: float = 0.0
+    failed_at: float = 0.0
+
+
+@dataclass(slots=True, frozen=True)
+class DeadJob:
+    """One entry of a dead-letter queue."""
+
+    id: str
+    data: bytes
+    task: str
+    error_type: str
+    error: str
+    traceback: str
+    attempts: int
+    first_failed_at: float
+    last_failed_at: float
+    worker: str
+    job_id: str
+
+    @property
+    def job(self) -> Job | None:
+        """The original job, or None when the message could not be decoded."""
+        try:
+            return Job.decode(self.data)
+        except Exception:
+            return None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "task": self.task,
+            "job_id": self.job_id,
+            "error_type": self.error_type,
+            "error": self.error,
+            "traceback": self.traceback,
+            "attempts": self.attempts,
+            "first_failed_at": self.first_failed_at,
+            "last_failed_at": self.last_failed_at,
+            "worker": self.worker,
+            "data": self.data.decode("utf-8", "replace"),
+        }
+
+
+class Broker(abc.ABC):
+    """A queue the runtime consumes from. One instance serves one queue."""
+
+    #: ``messaging.system`` for telemetry.
+    system: str = "unknown"
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self.consumer = ""
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def connect(self) -> None:
+        """Open connections and create what the queue needs (idempotent)."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Close connections. Unsettled deliveries stay with the broker for redelivery."""
+
+    async def start_consuming(self, consumer: str) -> None:
+        """Register this process as consumer ``consumer``."""
+        self.consumer = consumer
+
+    # -- producing -------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def publish(self, jobs: Sequence[Job]) -> None:
+        """Make ``jobs`` available now, in one round trip where the broker allows."""
+
+    @abc.abstractmethod
+    async def schedule(self, jobs: Sequence[Job], run_at: float) -> None:
+        """Make ``jobs`` available at ``run_at`` (seconds since the epoch)."""
+
+    # -- consuming -------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def fetch(self, count: int, block: float) -> list[Delivery]:
+        """Up to ``count`` new deliveries, waiting up to ``block`` seconds for the first."""
+
+    async def reclaim(self, idle: float, count: int) -> list[Delivery]:
+        """Deliveries left unsettled by a dead consumer for longer than ``idle`` seconds."""
+        return []
+
+    async def promote_due(self) -> float | None:
+        """Move due scheduled jobs into the queue; seconds until the next is due, or None."""
+        return None
+
+    @abc.abstractmethod
+    def lease_backend(self) -> LeaseBackend:
+        """The backend for job leases and handler locks on this broker."""
+
+    def job_lease_key(self, job: Job) -> str:
+        """The lease key guarding ``job``."""
+        return f"aqw:{{{self.queue}}}:lease:{job.id}"
+
+    @abc.abstractmethod
+    async def keep_alive(self, delivery: Delivery) -> bool:
+        """Keep ``delivery`` ours while its job runs; False when it is no longer ours."""
+
+    # -- settling (each atomic with the release of the job's lease) -------------------------
+
+    @abc.abstractmethod
+    async def ack(self, delivery: Delivery, lease: Lease | None) -> bool:
+        """The job finished: remove it for good. False when another holder owns it now."""
+
+    @abc.abstractmethod
+    async def retry(self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None) -> bool:
+        """Replace the delivery with ``job`` (its next attempt) due at ``run_at``."""
+
+    @abc.abstractmethod
+    async def dead_letter(
+        self, delivery: Delivery, failure: Failure, attempts: int, lease: Lease | None
+    ) -> bool:
+        """Move the delivery to the dead-letter queue with ``failure`` recorded."""
+
+    @abc.abstractmethod
+    async def requeue(self, delivery: Delivery, lease: Lease | None) -> bool:
+        """Give an unfinished delivery back for immediate redelivery (same attempt)."""
+
+    # -- inspection ------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def depth(self) -> QueueDepth:
+        """Counts of waiting, in-flight, delayed and dead jobs."""
+
+    async def stats(self) -> dict[str, int]:
+        """Lifetime counters kept by the broker (processed, retried, dead, ...)."""
+        return {}
+
+    # -- dead-letter queue -----------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def dlq_list(self, count: int = 100, after: str | None = None) -> list[DeadJob]:
+        """Dead jobs, oldest first, starting after entry ``after``."""
+
+    @abc.abstractmethod
+    async def dlq_get(self, entry_id: str) -> DeadJob | None:
+        """One dead job by its DLQ entry id."""
+
+    @abc.abstractmethod
+    async def dlq_replay(self, entries: Sequence[tuple[str, Job]]) -> int:
+        """Put the given (DLQ entry id, job) pairs back on the queue and remove them from
+        the DLQ atomically; returns how many were replayed."""
+
+    @abc.abstractmethod
+    async def dlq_delete(self, entry_ids: Sequence[str]) -> int:
+        """Delete DLQ entries; returns how many existed."""

@@ -1,0 +1,274 @@
+"""The in-process broker: the embedded default, and a test double with the same semantics
+as the Redis Streams broker (pending entries, reclaim after idle, delayed set, capped DLQ,
+leases with fencing tokens). Brokers with the same name in one process share one queue."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..job import Job
+from ..lease import Lease, LeaseBackend
+from .base import Broker, DeadJob, Delivery, Failure, QueueDepth
+
+
+class MemoryLeaseBackend:
+    """Leases in a dict, with the Redis backend's semantics (expiry, token compare, fencing)."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[str, float]] = {}
+        self._fence = 0
+
+    def _current(self, key: str) -> str | None:
+        entry = self._held.get(key)
+        if entry is None:
+            return None
+        if entry[1] <= time.monotonic():
+            del self._held[key]
+            return None
+        return entry[0]
+
+    async def acquire(self, key: str, token: str, ttl_ms: int) -> int | None:
+        if self._current(key) is not None:
+            return None
+        self._held[key] = (token, time.monotonic() + ttl_ms / 1000)
+        self._fence += 1
+        return self._fence
+
+    async def renew(self, key: str, token: str, ttl_ms: int) -> bool:
+        if self._current(key) != token:
+            return False
+        self._held[key] = (token, time.monotonic() + ttl_ms / 1000)
+        return True
+
+    async def release(self, key: str, token: str) -> bool:
+        if self._current(key) != token:
+            return False
+        del self._held[key]
+        return True
+
+    def owner(self, key: str) -> str | None:
+        return self._current(key)
+
+
+@dataclass
+class _Pending:
+    data: bytes
+    consumer: str
+    since: float
+    delivered: int
+
+
+@dataclass
+class _Queue:
+    """The shared state of one named in-memory queue."""
+
+    waiting: OrderedDict[str, bytes] = field(default_factory=OrderedDict)
+    pending: dict[str, _Pending] = field(default_factory=dict)
+    delayed: list[tuple[float, int, bytes]] = field(default_factory=list)
+    dlq: OrderedDict[str, DeadJob] = field(default_factory=OrderedDict)
+    stats: dict[str, int] = field(default_factory=dict)
+    leases: MemoryLeaseBackend = field(default_factory=MemoryLeaseBackend)
+    ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    changed: asyncio.Event | None = None
+
+    def next_id(self) -> str:
+        return f"{int(time.time() * 1000)}-{next(self.ids)}"
+
+    def bump(self, name: str, n: int = 1) -> None:
+        self.stats[name] = self.stats.get(name, 0) + n
+
+    def notify(self) -> None:
+        if self.changed is not None:
+            self.changed.set()
+
+
+_QUEUES: dict[str, _Queue] = {}
+
+
+def reset_memory_queues() -> None:
+    """Forget every in-memory queue of this process (for tests)."""
+    _QUEUES.clear()
+
+
+class MemoryBroker(Broker):
+    """An in-process queue. ``MemoryBroker("q")`` instances in one process share queue ``q``."""
+
+    system = "memory"
+
+    def __init__(self, queue: str = "default", *, dlq_limit: int = 100_000) -> None:
+        super().__init__(queue)
+        self.dlq_limit = dlq_limit
+        self._q = _QUEUES.setdefault(queue, _Queue())
+
+    async def connect(self) -> None:
+        if self._q.changed is None:
+            self._q.changed = asyncio.Event()
+
+    async def close(self) -> None:
+        return None
+
+    async def publish(self, jobs: Sequence[Job]) -> None:
+        for job in jobs:
+            self._q.waiting[self._q.next_id()] = job.encode()
+        self._q.notify()
+
+    async def publish_raw(self, data: bytes) -> str:
+        """Append raw bytes as a message (for tests of malformed input)."""
+        entry_id = self._q.next_id()
+        self._q.waiting[entry_id] = data
+        self._q.notify()
+        return entry_id
+
+    async def schedule(self, jobs: Sequence[Job], run_at: float) -> None:
+        for job in jobs:
+            heapq.heappush(self._q.delayed, (run_at, next(self._q.ids), job.encode()))
+        self._q.notify()
+
+    async def fetch(self, count: int, block: float) -> list[Delivery]:
+        await self.connect()
+        q = self._q
+        if not q.waiting and block > 0:
+            assert q.changed is not None
+            q.changed.clear()
+            try:
+                async with asyncio.timeout(block):
+                    while not q.waiting:
+                        await q.changed.wait()
+                        q.changed.clear()
+            except TimeoutError:
+                return []
+        out: list[Delivery] = []
+        now = time.monotonic()
+        while q.waiting and len(out) < count:
+            entry_id, data = q.waiting.popitem(last=False)
+            q.pending[entry_id] = _Pending(data, self.consumer, now, 1)
+            out.append(Delivery(id=entry_id, data=data))
+        return out
+
+    async def reclaim(self, idle: float, count: int) -> list[Delivery]:
+        out: list[Delivery] = []
+        now = time.monotonic()
+        for entry_id, p in self._q.pending.items():
+            if len(out) >= count:
+                break
+            if now - p.since >= idle:
+                p.consumer, p.since, p.delivered = self.consumer, now, p.delivered + 1
+                out.append(Delivery(id=entry_id, data=p.data, delivery_count=p.delivered))
+        return out
+
+    async def promote_due(self) -> float | None:
+        q = self._q
+        now = time.time()
+        moved = False
+        while q.delayed and q.delayed[0][0] <= now:
+            _, _, data = heapq.heappop(q.delayed)
+            q.waiting[q.next_id()] = data
+            moved = True
+        if moved:
+            q.notify()
+        return max(0.0, q.delayed[0][0] - now) if q.delayed else None
+
+    def lease_backend(self) -> LeaseBackend:
+        return self._q.leases
+
+    async def keep_alive(self, delivery: Delivery) -> bool:
+        p = self._q.pending.get(delivery.id)
+        if p is None or p.consumer != self.consumer:
+            return False
+        p.since = time.monotonic()
+        return True
+
+    def _settle(self, delivery: Delivery, lease: Lease | None) -> bool:
+        """The shared first half of every settle step: refuse if another holder owns it."""
+        if lease is not None:
+            owner = self._q.leases.owner(lease.key)
+            if owner is not None and owner != lease.token:
+                return False
+            if owner is not None:
+                self._q.leases._held.pop(lease.key, None)
+        self._q.pending.pop(delivery.id, None)
+        return True
+
+    async def ack(self, delivery: Delivery, lease: Lease | None) -> bool:
+        if not self._settle(delivery, lease):
+            return False
+        self._q.bump("processed")
+        return True
+
+    async def retry(self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None) -> bool:
+        if not self._settle(delivery, lease):
+            return False
+        heapq.heappush(self._q.delayed, (run_at, next(self._q.ids), job.encode()))
+        self._q.bump("retried")
+        self._q.notify()
+        return True
+
+    async def dead_letter(
+        self, delivery: Delivery, failure: Failure, attempts: int, lease: Lease | None
+    ) -> bool:
+        if not self._settle(delivery, lease):
+            return False
+        job = delivery.job
+        entry_id = self._q.next_id()
+        self._q.dlq[entry_id] = DeadJob(
+            id=entry_id,
+            data=delivery.data,
+            task=job.task if job else "",
+            job_id=job.id if job else "",
+            error_type=failure.error_type,
+            error=failure.error,
+            traceback=failure.traceback,
+            attempts=attempts,
+            first_failed_at=failure.first_failed_at or failure.failed_at,
+            last_failed_at=failure.failed_at,
+            worker=failure.worker,
+        )
+        self._q.bump("dead")
+        while self.dlq_limit > 0 and len(self._q.dlq) > self.dlq_limit:
+            self._q.dlq.popitem(last=False)
+            self._q.bump("dlq_trimmed")
+        return True
+
+    async def requeue(self, delivery: Delivery, lease: Lease | None) -> bool:
+        p = self._q.pending.get(delivery.id)
+        if p is None or p.consumer != self.consumer:
+            return False
+        self._settle(delivery, lease)
+        self._q.waiting[self._q.next_id()] = delivery.data
+        self._q.notify()
+        return True
+
+    async def depth(self) -> QueueDepth:
+        q = self._q
+        return QueueDepth(len(q.waiting), len(q.pending), len(q.delayed), len(q.dlq))
+
+    async def stats(self) -> dict[str, int]:
+        return dict(self._q.stats)
+
+    async def dlq_list(self, count: int = 100, after: str | None = None) -> list[DeadJob]:
+        items = list(self._q.dlq.values())
+        if after is not None:
+            keys = list(self._q.dlq)
+            items = items[keys.index(after) + 1 :] if after in self._q.dlq else []
+        return items[:count]
+
+    async def dlq_get(self, entry_id: str) -> DeadJob | None:
+        return self._q.dlq.get(entry_id)
+
+    async def dlq_replay(self, entries: Sequence[tuple[str, Job]]) -> int:
+        n = 0
+        for entry_id, job in entries:
+            if self._q.dlq.pop(entry_id, None) is not None:
+                self._q.waiting[self._q.next_id()] = job.encode()
+                n += 1
+        self._q.notify()
+        return n
+
+    async def dlq_delete(self, entry_ids: Sequence[str]) -> int:
+        return sum(self._q.dlq.pop(i, None) is not None for i in entry_ids)

@@ -1,0 +1,74 @@
+"""Exceptions raised by aqw and understood by its runtime."""
+
+from __future__ import annotations
+
+
+class AqwError(Exception):
+    """Base class of every error aqw raises."""
+
+
+class ConfigError(AqwError, ValueError):
+    """A bad argument or setting, detected before anything is written or started."""
+
+
+class LeaseLost(AqwError):
+    """The lease guarding a block was lost while the block ran.
+
+    Raised out of ``async with lease:`` after the block has been cancelled, because a
+    renewal was refused (another holder took the key, or it was deleted) or could not
+    succeed before the lease would have expired. Work done under a lost lease must not
+    be committed; the job is not acknowledged and will be delivered again.
+    """
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"lease {key!r} lost: {reason}")
+        self.key = key
+        self.reason = reason
+
+
+class LeaseUnavailable(AqwError):
+    """The lease is held by someone else and could not be acquired in time."""
+
+    def __init__(self, key: str, waited: float = 0.0) -> None:
+        detail = f" after waiting {waited:.3f}s" if waited else ""
+        super().__init__(f"lease {key!r} is held by another owner{detail}")
+        self.key = key
+        self.waited = waited
+
+
+class Retry(AqwError):
+    """Raised by a handler to ask for the job to run again after ``delay`` seconds.
+
+    The attempt still counts against ``max_retries``.
+    """
+
+    def __init__(self, delay: float | None = None, reason: str = "retry requested") -> None:
+        if delay is not None and delay < 0:
+            raise ConfigError(f"Retry(delay=...) must be >= 0, got {delay!r}")
+        super().__init__(reason)
+        self.delay = delay
+        self.reason = reason
+
+
+class Reject(AqwError):
+    """Raised by a handler to send the job straight to the dead-letter queue."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class JobTimeout(AqwError):
+    """The handler ran longer than its task's ``timeout``."""
+
+
+class MalformedJob(AqwError):
+    """A message could not be decoded into a job (bad JSON, missing fields, bad UTF-8)."""
+
+
+class UnknownTask(AqwError):
+    """A job names a task that this app does not register."""
+
+
+class BrokerUnavailable(AqwError):
+    """The broker could not be reached."""

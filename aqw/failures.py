@@ -1,0 +1,163 @@
+"""Seeing repeated failures: error fingerprints with sliding-window counts, and a guard that
+notices a task whose retries run away (a poisoned dependency) and slows it down."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import CodeType
+
+log = logging.getLogger("aqw.failures")
+
+
+def fingerprint(exc: BaseException, handler_code: CodeType | None = None) -> str:
+    """A short stable id for "this kind of error at this place": the exception type and the
+    handler's frame that led to it (or the innermost frame when the handler is not in it)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = ""
+    if handler_code is not None:
+        for frame in frames:
+            if frame.filename == handler_code.co_filename and frame.name == handler_code.co_name:
+                where = f"{frame.filename}:{frame.name}:{frame.lineno}"
+    if not where and frames:
+        last = frames[-1]
+        where = f"{last.filename}:{last.name}:{last.lineno}"
+    kind = f"{type(exc).__module__}.{type(exc).__qualname__}"
+    return hashlib.sha1(f"{kind}|{where}".encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorCount:
+    """How often one kind of error happened in a window."""
+
+    fingerprint: str
+    error_type: str
+    message: str
+    task: str
+    count: int
+    last_seen: float
+
+
+class ErrorTracker:
+    """Counts errors per fingerprint over a sliding window (default 5 minutes)."""
+
+    def __init__(self, window: float = 300.0, clock: Callable[[], float] = time.time) -> None:
+        self.window = window
+        self._clock = clock
+        self._seen: dict[str, deque[float]] = {}
+        self._last: dict[str, tuple[str, str, str]] = {}
+
+    def record(self, exc: BaseException, task: str, handler_code: CodeType | None = None) -> str:
+        """Count ``exc``; returns its fingerprint."""
+        fp = fingerprint(exc, handler_code)
+        times = self._seen.setdefault(fp, deque())
+        times.append(self._clock())
+        self._last[fp] = (type(exc).__qualname__, str(exc)[:500], task)
+        self._trim(fp)
+        return fp
+
+    def count(self, fp: str) -> int:
+        """Occurrences of ``fp`` within the window."""
+        self._trim(fp)
+        return len(self._seen.get(fp, ()))
+
+    def top(self, n: int = 10) -> list[ErrorCount]:
+        """The most frequent errors within the window, most frequent first."""
+        out = []
+        for fp in list(self._seen):
+            self._trim(fp)
+            times = self._seen.get(fp)
+            if not times:
+                self._seen.pop(fp, None)
+                self._last.pop(fp, None)
+                continue
+            error_type, message, task = self._last[fp]
+            out.append(ErrorCount(fp, error_type, message, task, len(times), times[-1]))
+        out.sort(key=lambda e: (-e.count, -e.last_seen))
+        return out[:n]
+
+    def _trim(self, fp: str) -> None:
+        times = self._seen.get(fp)
+        if times is None:
+            return
+        horizon = self._clock() - self.window
+        while times and times[0] < horizon:
+            times.popleft()
+
+
+class RunawayGuard:
+    """Watches the retry rate of each task over a sliding window.
+
+    When retries exceed ``threshold`` of the task's runs (with at least ``min_runs`` runs
+    in the window), the task is *running away*: it is logged loudly once per window and, with
+    ``action="slow"``, its retry delays are multiplied by ``slow_factor`` until the rate falls.
+    """
+
+    def __init__(
+        self,
+        *,
+        window: float = 60.0,
+        threshold: float = 0.5,
+        min_runs: int = 20,
+        action: str = "slow",
+        slow_factor: float = 10.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if action not in ("log", "slow"):
+            raise ValueError(f"RunawayGuard action must be 'log' or 'slow', got {action!r}")
+        self.window = window
+        self.threshold = threshold
+        self.min_runs = min_runs
+        self.action = action
+        self.slow_factor = slow_factor
+        self._clock = clock
+        self._runs: dict[str, deque[tuple[float, bool]]] = {}
+        self._warned: dict[str, float] = {}
+
+    def record(self, task: str, retried: bool) -> None:
+        """Count one settled run of ``task``; ``retried`` when it was scheduled to retry."""
+        runs = self._runs.setdefault(task, deque())
+        now = self._clock()
+        runs.append((now, retried))
+        self._trim(runs, now)
+        if self.running_away(task) and now - self._warned.get(task, 0.0) > self.window:
+            self._warned[task] = now
+            log.error(
+                "task %r is retrying %.0f%% of its runs over the last %.0fs (threshold %.0f%%)%s",
+                task,
+                100 * self.retry_rate(task),
+                self.window,
+                100 * self.threshold,
+                "; slowing its retries down" if self.action == "slow" else "",
+            )
+
+    def retry_rate(self, task: str) -> float:
+        runs = self._runs.get(task)
+        if not runs:
+            return 0.0
+        self._trim(runs, self._clock())
+        return sum(1 for _, r in runs if r) / len(runs)
+
+    def running_away(self, task: str) -> bool:
+        runs = self._runs.get(task)
+        return (
+            runs is not None
+            and len(runs) >= self.min_runs
+            and self.retry_rate(task) > self.threshold
+        )
+
+    def delay_factor(self, task: str) -> float:
+        """How much to stretch the next retry delay of ``task``."""
+        if self.action == "slow" and self.running_away(task):
+            return self.slow_factor
+        return 1.0
+
+    def _trim(self, runs: deque[tuple[float, bool]], now: float) -> None:
+        horizon = now - self.window
+        while runs and runs[0][0] < horizon:
+            runs.popleft()

@@ -1,0 +1,65 @@
+"""The job envelope: what travels through a broker, as versioned JSON."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ._ids import new_job_id, now
+from .errors import MalformedJob
+
+#: The envelope version this release writes and reads.
+ENVELOPE_VERSION = 1
+
+
+class Job(BaseModel):
+    """One unit of work: a task name, its payload and delivery metadata.
+
+    ``attempt`` counts runs: the first run is attempt 1. ``key`` is the idempotency key
+    the producer gave, if any. ``headers`` carries trace context (``traceparent``,
+    ``tracestate``) and any other string metadata.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    v: Literal[1] = 1
+    id: str = Field(default_factory=new_job_id, min_length=1, max_length=200)
+    task: str = Field(min_length=1, max_length=200)
+    payload: Any = None
+    attempt: int = Field(default=1, ge=1)
+    enqueued_at: float = Field(default_factory=now)
+    headers: dict[str, str] = Field(default_factory=dict)
+    key: str | None = Field(default=None, max_length=1000)
+
+    def encode(self) -> bytes:
+        """The wire form: compact UTF-8 JSON."""
+        return self.model_dump_json().encode()
+
+    @classmethod
+    def decode(cls, data: bytes | str) -> Job:
+        """Parse the wire form, raising :class:`MalformedJob` with a readable reason."""
+        if isinstance(data, bytes):
+            try:
+                data = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise MalformedJob(f"message is not valid UTF-8: {exc}") from None
+        try:
+            return cls.model_validate_json(data)
+        except ValidationError as exc:
+            raise MalformedJob(_describe(exc)) from None
+
+    def next_attempt(self) -> Job:
+        """A copy for the next run (attempt + 1)."""
+        return self.model_copy(update={"attempt": self.attempt + 1})
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False)[:5]:
+        where = ".".join(str(p) for p in err["loc"]) or "message"
+        parts.append(f"{where}: {err['msg']}")
+    more = exc.error_count() - len(parts)
+    if more > 0:
+        parts.append(f"... and {more} more")
+    return "invalid job envelope: " + "; ".join(parts)

@@ -1,0 +1,382 @@
+"""Leases: exclusive, expiring, fenced ownership of a key, as an async context manager.
+
+``async with Lease(redis, "customer:7", ttl=10) as lease:`` acquires the key with
+``SET key token NX PX ttl`` and a fencing token from ``INCR``, renews it in the background
+every ``ttl/3`` with an atomic compare-token-then-``PEXPIRE``, and releases it on exit with an
+atomic compare-token-then-``DEL``. When a renewal is refused, or cannot succeed before the
+lease would expire, the block is cancelled and :class:`~aqw.LeaseLost` is raised out of the
+``async with``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any, Protocol
+
+from redis.asyncio import Redis
+
+from . import _scripts
+from ._batch import CommandBatcher
+from ._ids import new_token, now
+from .errors import ConfigError, LeaseLost, LeaseUnavailable
+
+log = logging.getLogger("aqw.lease")
+
+KeepAlive = Callable[[], Awaitable[bool]]
+
+
+class LeaseBackend(Protocol):
+    """Where leases live. Each method is atomic on the server side."""
+
+    async def acquire(self, key: str, token: str, ttl_ms: int) -> int | None:
+        """Take ``key`` for ``token``; the fencing token on success, None when held."""
+
+    async def renew(self, key: str, token: str, ttl_ms: int) -> bool:
+        """Extend ``key`` to ``ttl_ms`` from now if ``token`` still holds it."""
+
+    async def release(self, key: str, token: str) -> bool:
+        """Delete ``key`` if ``token`` still holds it."""
+
+
+class RedisLeaseBackend:
+    """Leases in Redis. The fencing counter of a key lives at ``fence_key`` (or ``<key>:fence``)."""
+
+    def __init__(
+        self, client: Redis | CommandBatcher, fence_key: str | Callable[[str], str] | None = None
+    ) -> None:
+        self._client = client
+        self._fence_key = fence_key
+        self._acquire = _scripts.load("lease_acquire")
+        self._renew = _scripts.load("lease_renew")
+        self._release = _scripts.load("lease_release")
+
+    def fence_key(self, key: str) -> str:
+        if self._fence_key is None:
+            return f"{key}:fence"
+        if isinstance(self._fence_key, str):
+            return self._fence_key
+        return self._fence_key(key)
+
+    async def _run(self, script: _scripts.Script, keys: list[str], argv: list[Any]) -> Any:
+        if isinstance(self._client, CommandBatcher):
+            return await self._client.script(script, keys, argv)
+        return await script(self._client, keys, argv)
+
+    async def acquire(self, key: str, token: str, ttl_ms: int) -> int | None:
+        fence = await self._run(self._acquire, [key, self.fence_key(key)], [token, ttl_ms])
+        return None if fence is None else int(fence)
+
+    async def renew(self, key: str, token: str, ttl_ms: int) -> bool:
+        return bool(await self._run(self._renew, [key], [token, ttl_ms]))
+
+    async def release(self, key: str, token: str) -> bool:
+        return bool(await self._run(self._release, [key], [token]))
+
+
+class Lease:
+    """An exclusive, renewed, fenced lease on ``key``.
+
+    Args:
+        backend: a ``redis.asyncio`` client, or any :class:`LeaseBackend`.
+        key: the key to own.
+        ttl: seconds the lease lives without renewal.
+        wait: seconds to wait for a held key before raising :class:`~aqw.LeaseUnavailable`;
+            ``None`` or ``0`` fails fast.
+        renew_every: seconds between renewals (default ``ttl / 3``).
+        keep_alive: an extra check run with every renewal; returning False loses the lease
+            (the runtime uses it to keep a broker delivery from being reclaimed).
+        keeper: a shared :class:`LeaseKeeper` to renew many leases from one task instead of a
+            task per lease.
+
+    Attributes after entering: ``token`` (secret to this holder), ``fencing_token`` (a strictly
+    increasing integer to hand to a datastore), ``expires_at`` (wall-clock seconds).
+    """
+
+    def __init__(
+        self,
+        backend: Redis | LeaseBackend,
+        key: str,
+        *,
+        ttl: float = 30.0,
+        wait: float | None = None,
+        renew_every: float | None = None,
+        keep_alive: KeepAlive | None = None,
+        keeper: LeaseKeeper | None = None,
+    ) -> None:
+        if ttl <= 0:
+            raise ConfigError(f"Lease ttl must be > 0 seconds, got {ttl!r}")
+        if wait is not None and wait < 0:
+            raise ConfigError(f"Lease wait must be >= 0 seconds, got {wait!r}")
+        if renew_every is not None and not 0 < renew_every < ttl:
+            raise ConfigError(f"Lease renew_every must be in (0, ttl), got {renew_every!r}")
+        if not key:
+            raise ConfigError("Lease key must be a non-empty string")
+        self.backend: LeaseBackend = (
+            RedisLeaseBackend(backend) if isinstance(backend, Redis) else backend
+        )
+        self.key = key
+        self.ttl = ttl
+        self.wait = wait or 0.0
+        self.renew_every = renew_every if renew_every is not None else ttl / 3
+        self.token = new_token()
+        self.fencing_token = 0
+        self.waited = 0.0
+        self.renewals = 0
+        self.lost_reason: str | None = None
+        self._keep_alive = keep_alive
+        self._keeper = keeper
+        self._ttl_ms = max(1, int(ttl * 1000))
+        self._state = "new"  # new -> held -> (handed_over | released)
+        self._expires_mono = 0.0
+        self._next_renew = 0.0
+        self._renewing = False
+        self._renewer: asyncio.Task[None] | None = None
+        self._scope: asyncio.Timeout | None = None
+        self._on_lost: list[Callable[[Lease], None]] = []
+
+    # -- public surface ------------------------------------------------------------------
+
+    @property
+    def held(self) -> bool:
+        """True while this holder believes it owns the key."""
+        return self._state in ("held", "handed_over") and self.lost_reason is None
+
+    @property
+    def expires_at(self) -> float:
+        """Wall-clock time (seconds since the epoch) until which the lease is confirmed."""
+        loop = asyncio.get_running_loop()
+        return now() + max(0.0, self._expires_mono - loop.time())
+
+    def on_lost(self, callback: Callable[[Lease], None]) -> None:
+        """Call ``callback(lease)`` when the lease is lost (for metrics and logs)."""
+        self._on_lost.append(callback)
+
+    async def acquire(self) -> None:
+        """Take the lease, waiting up to ``wait`` seconds; raise LeaseUnavailable if held."""
+        if self._state != "new":
+            raise RuntimeError("a Lease can be acquired once; create a new one")
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        delay = 0.005
+        while True:
+            sent = loop.time()
+            fence = await self._acquire_once()
+            if fence is not None:
+                self.fencing_token = fence
+                self._expires_mono = sent + self.ttl
+                self._next_renew = sent + self.renew_every
+                self._state = "held"
+                self.waited = sent - started
+                return
+            waited = loop.time() - started
+            if waited >= self.wait:
+                raise LeaseUnavailable(self.key, waited)
+            await asyncio.sleep(min(self.wait - waited, delay * random.uniform(0.5, 1.0)))
+            delay = min(delay * 2, 0.25)
+
+    async def __aenter__(self) -> Lease:
+        await self.acquire()
+        self._scope = asyncio.timeout(None)
+        await self._scope.__aenter__()
+        if self._keeper is not None:
+            self._keeper.add(self)
+        else:
+            self._renewer = asyncio.create_task(self._renew_loop(), name=f"lease-renew:{self.key}")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop_renewing()
+        try:
+            assert self._scope is not None
+            await self._scope.__aexit__(exc_type, exc, tb)
+        except TimeoutError as timeout:
+            if self.lost_reason is not None:
+                raise LeaseLost(self.key, self.lost_reason) from exc
+            raise timeout
+        finally:
+            if self._state == "held":
+                await self._release_shielded()
+        if self.lost_reason is not None and exc_type is None:
+            raise LeaseLost(self.key, self.lost_reason)
+
+    async def release(self) -> bool:
+        """Release now (compare-token-then-DEL). True when the key was still ours."""
+        self._stop_renewing()
+        if self._state != "held":
+            return False
+        self._state = "released"
+        try:
+            return await self.backend.release(self.key, self.token)
+        except Exception:
+            log.warning("could not release lease %r; it expires in %.1fs", self.key, self.ttl)
+            return False
+
+    # -- runtime hooks --------------------------------------------------------------------
+
+    def _hand_over(self) -> None:
+        """Stop renewing and stop guarding the block: the caller settles and releases the
+        lease in one atomic step of its own (ack, retry or dead-letter)."""
+        self._stop_renewing()
+        if self._state == "held":
+            self._state = "handed_over"
+
+    def _lose(self, reason: str) -> None:
+        if self.lost_reason is not None or self._state != "held":
+            return
+        self.lost_reason = reason
+        log.warning("lease %r lost: %s", self.key, reason)
+        for callback in self._on_lost:
+            try:
+                callback(self)
+            except Exception:
+                log.exception("lease-lost callback failed")
+        if self._scope is not None and self._scope.when() is None:
+            self._scope.reschedule(asyncio.get_running_loop().time())
+
+    # -- internals ------------------------------------------------------------------------
+
+    async def _acquire_once(self) -> int | None:
+        try:
+            return await self.backend.acquire(self.key, self.token, self._ttl_ms)
+        except asyncio.CancelledError:
+            # The command may have reached the server: never leave a key we might hold.
+            asyncio.get_running_loop().create_task(self._release_quietly())
+            raise
+
+    async def _release_quietly(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.backend.release(self.key, self.token)
+
+    async def _release_shielded(self) -> None:
+        task = asyncio.ensure_future(self.release())
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            # The release goes on; the caller's cancellation still propagates.
+            raise
+
+    def _stop_renewing(self) -> None:
+        if self._keeper is not None:
+            self._keeper.discard(self)
+        if self._renewer is not None:
+            self._renewer.cancel()
+            self._renewer = None
+
+    async def _renew_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._state == "held" and self.lost_reason is None:
+            await asyncio.sleep(max(0.0, self._next_renew - loop.time()))
+            await self._renew_step()
+
+    async def _renew_step(self) -> None:
+        """Renew once, retrying transient errors until the lease's own deadline."""
+        loop = asyncio.get_running_loop()
+        self._renewing = True
+        last_error: BaseException | None = None
+        delay = 0.05
+        try:
+            while self._state == "held" and self.lost_reason is None:
+                remaining = self._expires_mono - loop.time()
+                if remaining <= 0:
+                    detail = f": {last_error!r}" if last_error else ""
+                    self._lose(f"could not renew before the lease expired{detail}")
+                    return
+                sent = loop.time()
+                try:
+                    async with asyncio.timeout(remaining):
+                        ok = await self.backend.renew(self.key, self.token, self._ttl_ms)
+                        alive = ok and (self._keep_alive is None or await self._keep_alive())
+                except TimeoutError:
+                    self._lose("renewal did not complete before the lease expired")
+                    return
+                except Exception as exc:
+                    last_error = exc
+                    await asyncio.sleep(min(delay, max(0.0, self._expires_mono - loop.time())))
+                    delay = min(delay * 2, 1.0)
+                    continue
+                if not ok:
+                    self._lose("renewal refused: the key was deleted or taken by another holder")
+                elif not alive:
+                    self._lose("the delivery is no longer ours (reclaimed or acknowledged)")
+                else:
+                    self.renewals += 1
+                    self._expires_mono = sent + self.ttl
+                    self._next_renew = sent + self.renew_every
+                return
+        finally:
+            self._renewing = False
+            if self._keeper is not None and self._state == "held":
+                self._keeper.reschedule(self)
+
+
+class LeaseKeeper:
+    """Renews many leases from one task, so a worker running thousands of jobs does not
+    need a timer task per job. Renewals due together share one pipelined round trip when
+    the backend batches commands."""
+
+    def __init__(self) -> None:
+        self._leases: set[Lease] = set()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._steps: set[asyncio.Task[None]] = set()
+        self._target = float("inf")
+
+    def __len__(self) -> int:
+        return len(self._leases)
+
+    def leases(self) -> list[Lease]:
+        """The leases being renewed now."""
+        return list(self._leases)
+
+    def add(self, lease: Lease) -> None:
+        self._leases.add(lease)
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="aqw-lease-keeper")
+        self.reschedule(lease)
+
+    def reschedule(self, lease: Lease) -> None:
+        """Wake the keeper early when ``lease`` is due before its next planned pass."""
+        if lease._next_renew < self._target:
+            self._wake.set()
+
+    def discard(self, lease: Lease) -> None:
+        self._leases.discard(lease)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for step in list(self._steps):
+            step.cancel()
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._wake.clear()
+            t = loop.time()
+            next_due = t + 1.0
+            for lease in list(self._leases):
+                if lease._renewing:
+                    continue
+                if lease._next_renew <= t:
+                    step = loop.create_task(lease._renew_step())
+                    self._steps.add(step)
+                    step.add_done_callback(self._steps.discard)
+                else:
+                    next_due = min(next_due, lease._next_renew)
+            self._target = next_due
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.001, next_due - loop.time())):
+                    await self._wake.wait()
+            self._target = float("inf")

@@ -1,0 +1,547 @@
+"""The event-loop runtime: fetch with backpressure, run each job under its lease, settle.
+
+A job's path, step by step (:meth:`Worker._process`): decode the message, find its task,
+validate its payload, take its lease, run the handler under the lease and the task's timeout,
+then settle in one atomic broker step that also releases the lease: ack, retry later, or
+dead-letter. A message that cannot become a job is dead-lettered with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+import traceback
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ._ids import consumer_name
+from .brokers.base import Delivery, Failure
+from .context import Context
+from .errors import (
+    ConfigError,
+    JobTimeout,
+    LeaseLost,
+    LeaseUnavailable,
+    MalformedJob,
+    Reject,
+    Retry,
+    UnknownTask,
+)
+from .failures import ErrorTracker, RunawayGuard
+from .job import Job
+from .lease import Lease, LeaseKeeper
+
+if TYPE_CHECKING:
+    from .app import App
+    from .task import Task
+
+log = logging.getLogger("aqw.worker")
+
+#: Errors that mean "the broker is unreachable right now": retried with backoff.
+TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionError, TimeoutError, OSError)
+
+FIRST_FAILURE = "aqw-first-failure"
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    """Counters of one worker since it started."""
+
+    processed: int = 0
+    failed: int = 0
+    retried: int = 0
+    dead: int = 0
+    lease_lost: int = 0
+    lease_busy: int = 0
+    requeued: int = 0
+    malformed: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+@dataclass(slots=True)
+class _Outcome:
+    """What the handler's run asks the settle step to do."""
+
+    kind: str  # "ok" | "retry" | "dead"
+    error: BaseException | None = None
+    delay: float | None = None
+
+
+class _Backoff:
+    def __init__(self, base: float = 0.1, cap: float = 5.0) -> None:
+        self.base, self.cap, self.n = base, cap, 0
+
+    def next(self) -> float:
+        import random
+
+        self.n += 1
+        return random.uniform(0, min(self.cap, self.base * 2 ** min(self.n, 16)))
+
+    def reset(self) -> None:
+        self.n = 0
+
+
+class Worker:
+    """Runs an app's jobs in the current event loop. Use ``async with app.worker(...)`` to
+    embed it (it runs in the background until the block exits), or :meth:`run` to run it
+    until stopped (signal, :meth:`request_stop`, or an empty queue in burst mode)."""
+
+    def __init__(
+        self,
+        app: App,
+        *,
+        concurrency: int = 100,
+        prefetch: int = 0,
+        grace: float = 30.0,
+        burst: bool = False,
+        handle_signals: bool = False,
+        name: str | None = None,
+    ) -> None:
+        if not isinstance(concurrency, int) or concurrency < 1:
+            raise ConfigError(f"worker concurrency must be an integer >= 1, got {concurrency!r}")
+        if not isinstance(prefetch, int) or prefetch < 0:
+            raise ConfigError(f"worker prefetch must be an integer >= 0, got {prefetch!r}")
+        if grace < 0:
+            raise ConfigError(f"worker grace must be >= 0 seconds, got {grace!r}")
+        self.app = app
+        self.broker = app.broker
+        self.concurrency = concurrency
+        self.prefetch = prefetch
+        self.grace = grace
+        self.burst = burst
+        self.handle_signals = handle_signals
+        self.name = name or consumer_name()
+        self.stats = WorkerStats()
+        self.errors = ErrorTracker()
+        self.runaway = RunawayGuard()
+        self.keeper = LeaseKeeper()
+        self.state = "idle"  # idle -> running -> stopping -> stopped
+        self.started_at = 0.0
+        self._in_flight = 0
+        self._jobs: set[asyncio.Task[None]] = set()
+        self._running: dict[str, tuple[Job, float]] = {}
+        self._buffer: deque[Delivery] = deque()
+        self._slot_free = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._loops: list[asyncio.Task[None]] = []
+        self._next_due: float | None = None
+        self._idle_fetches = 0
+        self._max_ttl = max([app.lease_ttl, *(t.options.lease_ttl for t in app.tasks.values())])
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        """Jobs running now."""
+        return self._in_flight
+
+    def running_jobs(self) -> list[tuple[Job, float]]:
+        """(job, started at) of every job running now."""
+        return list(self._running.values())
+
+    async def __aenter__(self) -> Worker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Connect and start consuming in the background."""
+        if self.state != "idle":
+            raise RuntimeError("a Worker can be started once")
+        if not self.app.tasks:
+            raise ConfigError("the app registers no tasks: nothing to run")
+        await self.broker.connect()
+        await self.broker.start_consuming(self.name)
+        self.state = "running"
+        self.started_at = time.time()
+        spawn = asyncio.get_running_loop().create_task
+        self._loops = [
+            spawn(self._fetch_loop(), name="aqw-fetch"),
+            spawn(self._promote_loop(), name="aqw-promote"),
+            spawn(self._reclaim_loop(), name="aqw-reclaim"),
+        ]
+        if self.handle_signals:
+            self._install_signal_handlers()
+        log.info(
+            "worker %s started: queue=%r concurrency=%d tasks=%s",
+            self.name, self.app.queue, self.concurrency, ", ".join(sorted(self.app.tasks)),
+        )  # fmt: skip
+
+    async def run(self) -> None:
+        """Run until stopped by a signal, :meth:`request_stop`, or (burst) an empty queue."""
+        await self.start()
+        try:
+            await self._stop.wait()
+        finally:
+            await self.stop()
+
+    def request_stop(self) -> None:
+        """Ask the worker to stop gracefully; :meth:`run` returns once it has."""
+        self._stop.set()
+
+    async def wait_stopped(self) -> None:
+        """Wait until a stop is requested (signal, burst end or :meth:`request_stop`)."""
+        await self._stop.wait()
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop fetching, let running jobs finish within ``grace`` seconds, then cancel the
+        rest and hand them back for immediate redelivery. Nothing unfinished is acked."""
+        if self.state in ("stopping", "stopped", "idle"):
+            return
+        self.state = "stopping"
+        self._stop.set()
+        grace = self.grace if grace is None else grace
+        for task in self._loops:
+            task.cancel()
+        await asyncio.gather(*self._loops, return_exceptions=True)
+        await self._give_back_buffer()
+        if self._jobs:
+            log.info("waiting up to %.1fs for %d running jobs", grace, len(self._jobs))
+            _, pending = await asyncio.wait(set(self._jobs), timeout=grace)
+            if pending:
+                log.warning("cancelling %d jobs still running after %.1fs", len(pending), grace)
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+        await self.keeper.close()
+        if self.handle_signals:
+            self._remove_signal_handlers()
+        self.state = "stopped"
+        log.info("worker %s stopped: %s", self.name, self.stats.as_dict())
+
+    def _install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self._on_signal, sig)
+
+    def _remove_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        log.info("received %s: stopping gracefully", sig.name)
+        self._stop.set()
+
+    # -- background loops ------------------------------------------------------------------
+
+    async def _fetch_loop(self) -> None:
+        backoff = _Backoff()
+        while not self._stop.is_set():
+            free = self.concurrency - self._in_flight
+            while free > 0 and self._buffer:
+                self._start(self._buffer.popleft())
+                free -= 1
+            want = free + self.prefetch - len(self._buffer)
+            if free <= 0 or want <= 0:
+                self._slot_free.clear()
+                await self._slot_free.wait()
+                continue
+            try:
+                deliveries = await self.broker.fetch(want, block=0.25 if self.burst else 2.0)
+            except TRANSIENT as exc:
+                delay = backoff.next()
+                log.warning("fetch failed (%r); retrying in %.2fs", exc, delay)
+                await asyncio.sleep(delay)
+                continue
+            backoff.reset()
+            for delivery in deliveries:
+                if self._in_flight < self.concurrency:
+                    self._start(delivery)
+                else:
+                    self._buffer.append(delivery)
+            if self.burst:
+                await self._check_burst_done(bool(deliveries))
+
+    async def _check_burst_done(self, got_work: bool) -> None:
+        if got_work or self._in_flight or self._buffer:
+            self._idle_fetches = 0
+            return
+        self._idle_fetches += 1
+        if self._idle_fetches < 2:
+            return
+        try:
+            depth = await self.broker.depth()
+        except TRANSIENT:
+            return
+        due_soon = self._next_due is not None and self._next_due - time.time() < 10.0
+        if depth.waiting == 0 and depth.in_flight == 0 and not due_soon:
+            log.info("burst: the queue is empty; stopping")
+            self._stop.set()
+
+    async def _promote_loop(self) -> None:
+        backoff = _Backoff()
+        while True:
+            try:
+                wait = await self.broker.promote_due()
+            except TRANSIENT as exc:
+                delay = backoff.next()
+                log.warning("moving due jobs failed (%r); retrying in %.2fs", exc, delay)
+                await asyncio.sleep(delay)
+                continue
+            backoff.reset()
+            self._next_due = None if wait is None else time.time() + wait
+            await asyncio.sleep(0.05 if wait is None else min(wait, 0.05))
+
+    async def _reclaim_loop(self) -> None:
+        idle = self._max_ttl * 1.1 + 0.2
+        interval = min(max(self._max_ttl / 4, 0.2), 15.0)
+        while True:
+            await asyncio.sleep(interval)
+            free = self.concurrency - self._in_flight - len(self._buffer)
+            if free <= 0:
+                continue
+            try:
+                deliveries = await self.broker.reclaim(idle, free)
+            except TRANSIENT as exc:
+                log.warning("reclaiming abandoned jobs failed (%r)", exc)
+                continue
+            if deliveries:
+                log.info("reclaimed %d jobs abandoned by a stopped consumer", len(deliveries))
+            for delivery in deliveries:
+                if self._in_flight < self.concurrency:
+                    self._start(delivery)
+                else:
+                    self._buffer.append(delivery)
+
+    async def _give_back_buffer(self) -> None:
+        while self._buffer:
+            delivery = self._buffer.popleft()
+            with contextlib.suppress(Exception):
+                await self.broker.requeue(delivery, None)
+
+    # -- one job ---------------------------------------------------------------------------
+
+    def _start(self, delivery: Delivery) -> None:
+        self._in_flight += 1
+        task = asyncio.get_running_loop().create_task(self._process(delivery))
+        self._jobs.add(task)
+        task.add_done_callback(self._job_done)
+
+    def _job_done(self, task: asyncio.Task[None]) -> None:
+        self._jobs.discard(task)
+        self._in_flight -= 1
+        self._slot_free.set()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("job runner crashed", exc_info=task.exception())
+
+    async def _process(self, delivery: Delivery) -> None:
+        job = self._decode(delivery)
+        if job is None:
+            return
+        task = self.app.tasks.get(job.task)
+        if task is None:
+            known = ", ".join(sorted(self.app.tasks))
+            await self._dead_letter(
+                delivery, UnknownTask(f"unknown task {job.task!r} (known: {known})")
+            )
+            return
+        if delivery.delivery_count > task.options.max_deliveries:
+            reason = MalformedJob(
+                f"delivered {delivery.delivery_count} times without being settled "
+                "(the worker may crash or be killed while running it)"
+            )
+            await self._dead_letter(delivery, reason)
+            return
+        try:
+            payload = task.codec.load(job.payload)
+        except ValidationError as exc:
+            await self._dead_letter(delivery, exc)
+            return
+        lease = Lease(
+            self.broker.lease_backend(),
+            self.broker.job_lease_key(job),
+            ttl=task.options.lease_ttl,
+            keep_alive=partial(self.broker.keep_alive, delivery),
+            keeper=self.keeper,
+        )
+        self._running[job.id] = (job, time.time())
+        try:
+            try:
+                async with lease:
+                    outcome = await self._run_handler(task, job, payload, lease)
+                    lease._hand_over()
+            except LeaseUnavailable:
+                # Another holder is running this job: leave the delivery alone.
+                self.stats.lease_busy += 1
+                return
+            except LeaseLost as exc:
+                self.stats.lease_lost += 1
+                log.warning("job %s (%s): %s; not acknowledged", job.id, job.task, exc)
+                return
+            except asyncio.CancelledError:
+                await self._give_back(delivery)
+                raise
+            await self._settle(task, delivery, job, lease, outcome)
+        finally:
+            self._running.pop(job.id, None)
+
+    def _decode(self, delivery: Delivery) -> Job | None:
+        try:
+            delivery.job = Job.decode(delivery.data)
+        except MalformedJob as exc:
+            self.stats.malformed += 1
+            log.error("message %s is malformed: %s", delivery.id, exc)
+            asyncio.get_running_loop().create_task(self._dead_letter(delivery, exc))
+            return None
+        return delivery.job
+
+    async def _run_handler(self, task: Task[Any], job: Job, payload: Any, lease: Lease) -> _Outcome:
+        ctx = Context(job, lease, self)
+        args, kwargs = task.codec.call_args(payload, ctx)
+        timeout = task.options.timeout
+        try:
+            if timeout is None:
+                await task.fn(*args, **kwargs)
+            else:
+                scope = asyncio.timeout(timeout)
+                try:
+                    async with scope:
+                        await task.fn(*args, **kwargs)
+                except TimeoutError:
+                    if not scope.expired():
+                        raise
+                    raise JobTimeout(f"handler ran longer than its timeout of {timeout}s") from None
+        except Reject as exc:
+            return _Outcome("dead", exc)
+        except Retry as exc:
+            return _Outcome("retry", exc, exc.delay)
+        except Exception as exc:
+            retryable = task.options.retry.is_retryable(exc) and not isinstance(
+                exc, ValidationError
+            )
+            return _Outcome("retry" if retryable else "dead", exc)
+        return _Outcome("ok")
+
+    async def _settle(
+        self, task: Task[Any], delivery: Delivery, job: Job, lease: Lease, outcome: _Outcome
+    ) -> None:
+        if outcome.kind == "ok":
+            if await self._with_retries(partial(self.broker.ack, delivery, lease)):
+                self.stats.processed += 1
+                self.runaway.record(task.name, False)
+            else:
+                self._lost_at_settle(job)
+            return
+        error = outcome.error
+        assert error is not None
+        self.stats.failed += 1
+        self.errors.record(error, task.name, getattr(task.fn, "__code__", None))
+        policy = task.options.retry
+        if outcome.kind == "retry" and policy.retries_left(job.attempt):
+            delay = outcome.delay
+            if delay is None:
+                delay = policy.delay(job.attempt) * self.runaway.delay_factor(task.name)
+            headers = dict(job.headers)
+            headers.setdefault(FIRST_FAILURE, repr(time.time()))
+            nxt = job.model_copy(update={"attempt": job.attempt + 1, "headers": headers})
+            log.warning(
+                "job %s (%s) attempt %d failed: %s: %s; retrying in %.2fs",
+                job.id, job.task, job.attempt, type(error).__name__, error, delay,
+            )  # fmt: skip
+            retry = partial(self.broker.retry, delivery, nxt, time.time() + delay, lease)
+            if await self._with_retries(retry):
+                self.stats.retried += 1
+                self.runaway.record(task.name, True)
+            else:
+                self._lost_at_settle(job)
+            return
+        self.runaway.record(task.name, False)
+        if not await self._dead_letter(delivery, error, lease):
+            self._lost_at_settle(job)
+
+    def _lost_at_settle(self, job: Job) -> None:
+        self.stats.lease_lost += 1
+        log.warning(
+            "job %s (%s): its lease passed to another holder before settling", job.id, job.task
+        )
+
+    async def _dead_letter(
+        self, delivery: Delivery, error: BaseException, lease: Lease | None = None
+    ) -> bool:
+        job = delivery.job
+        first = float(job.headers.get(FIRST_FAILURE, 0) or 0) if job else 0.0
+        reason = _describe(error)
+        failure = Failure(
+            error_type=type(error).__name__,
+            error=reason,
+            traceback="".join(traceback.format_exception(error))[-8000:],
+            worker=self.name,
+            first_failed_at=first,
+            failed_at=time.time(),
+        )
+        attempts = job.attempt if job else delivery.delivery_count
+        log.error("dead-lettering message %s (%s): %s", delivery.id,
+                  job.task if job else "undecodable", reason)  # fmt: skip
+        ok = await self._with_retries(
+            partial(self.broker.dead_letter, delivery, failure, attempts, lease)
+        )
+        if ok:
+            self.stats.dead += 1
+        return ok
+
+    async def _give_back(self, delivery: Delivery) -> None:
+        """Cancelled mid-job (shutdown): hand the delivery back for immediate redelivery."""
+        give = asyncio.ensure_future(self.broker.requeue(delivery, None))
+        try:
+            if await asyncio.shield(give):
+                self.stats.requeued += 1
+        except asyncio.CancelledError:
+            pass
+        except Exception as exc:
+            log.warning("could not hand back %s (%r); it is redelivered after its idle time",
+                        delivery.id, exc)  # fmt: skip
+
+    async def _with_retries(self, step: Callable[[], Awaitable[bool]]) -> bool:
+        """Run a settle step, retrying a lost connection for up to ``lease_ttl``; shielded from
+        cancellation so a job that finished is settled even during shutdown."""
+        deadline = time.monotonic() + self._max_ttl
+        backoff = _Backoff(0.05, 2.0)
+
+        async def attempt() -> bool:
+            while True:
+                try:
+                    return await step()
+                except TRANSIENT as exc:
+                    if time.monotonic() >= deadline:
+                        log.error(
+                            "could not settle after retrying (%r); it will be redelivered", exc
+                        )
+                        return False
+                    await asyncio.sleep(backoff.next())
+
+        return await asyncio.shield(asyncio.ensure_future(attempt()))
+
+    # -- handler helpers -------------------------------------------------------------------
+
+    def resource_lock(self, name: str, *, ttl: float, wait: float | None) -> Lease:
+        """A lease on a named resource of this queue, renewed by this worker's keeper."""
+        key = f"aqw:{{{self.app.queue}}}:lock:{name}"
+        return Lease(self.broker.lease_backend(), key, ttl=ttl, wait=wait, keeper=self.keeper)
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, ValidationError):
+        parts = []
+        for err in error.errors(include_url=False)[:5]:
+            where = ".".join(str(p) for p in err["loc"]) or "payload"
+            parts.append(f"{where}: {err['msg']}")
+        return "payload failed validation: " + "; ".join(parts)
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__

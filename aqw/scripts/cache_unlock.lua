@@ -1,0 +1,6 @@
+-- Release a cache load lock only while it is still ours: compare the token, then DEL.
+-- KEYS[1] lock key; ARGV[1] token. Returns 1 when released, 0 when it was not ours.
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0

@@ -1,0 +1,19 @@
+-- Schedule a failed job to run again: add the next attempt to the delayed set, acknowledge and
+-- delete the failed entry and release the lease, in one step, so a crash leaves either the
+-- old entry pending (it is redelivered) or the new one scheduled, never both and never none.
+-- KEYS[1] stream, KEYS[2] delayed zset, KEYS[3] lease key, KEYS[4] stats hash
+-- ARGV[1] group, ARGV[2] lease token ('' for none), ARGV[3] entry id,
+-- ARGV[4] due time (ms since the epoch), ARGV[5] next attempt's job JSON
+-- Returns 1 when scheduled, 0 when refused (another holder owns the lease).
+local cur = redis.call('GET', KEYS[3])
+if cur and cur ~= ARGV[2] then
+  return 0
+end
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[5])
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+redis.call('XDEL', KEYS[1], ARGV[3])
+if cur then
+  redis.call('DEL', KEYS[3])
+end
+redis.call('HINCRBY', KEYS[4], 'retried', 1)
+return 1

@@ -1,0 +1,189 @@
+"""Tasks: an ``async def`` handler, its payload type taken from its signature, and options."""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from pydantic import BaseModel, TypeAdapter, ValidationError, create_model
+
+from .errors import ConfigError
+from .retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from .app import App
+    from .context import Context
+
+R = TypeVar("R")
+Handler = Callable[..., Awaitable[R]]
+
+
+class Enqueued(str):
+    """The id of an enqueued job. ``duplicate`` is True when an idempotency key matched a job
+    enqueued before, in which case no new job was written and this is the earlier job's id."""
+
+    duplicate: bool = False
+
+    def __new__(cls, job_id: str, duplicate: bool = False) -> Enqueued:
+        self = super().__new__(cls, job_id)
+        self.duplicate = duplicate
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class TaskOptions:
+    """Per-task settings; ``None`` means the app's default."""
+
+    retry: RetryPolicy
+    lease_ttl: float
+    timeout: float | None
+    sla: float | None
+    max_deliveries: int
+
+
+class PayloadCodec:
+    """Validates and serialises a task's payload, built once from the handler's signature.
+
+    - no payload parameter: the payload is ``None``;
+    - one parameter annotated with a pydantic model or any type pydantic can validate: the
+      payload is that value;
+    - several parameters: the payload is an object with one field per parameter.
+    """
+
+    def __init__(self, fn: Callable[..., Any], context_type: type) -> None:
+        sig = inspect.signature(fn)
+        hints = typing.get_type_hints(fn)
+        self.ctx_param: str | None = None
+        params: list[inspect.Parameter] = []
+        for param in sig.parameters.values():
+            hint = hints.get(param.name, Any)
+            if hint is context_type or param.name == "ctx":
+                self.ctx_param = param.name
+                continue
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                raise ConfigError(f"task {fn.__qualname__}: *args/**kwargs are not supported")
+            params.append(param)
+        self.names = [p.name for p in params]
+        self.spread = len(params) > 1
+        self.model: type[BaseModel] | None = None
+        self.adapter: TypeAdapter[Any] | None = None
+        if self.spread:
+            fields: dict[str, Any] = {
+                p.name: (
+                    hints.get(p.name, Any),
+                    ... if p.default is inspect.Parameter.empty else p.default,
+                )
+                for p in params
+            }
+            self.model = create_model(f"{fn.__name__}_payload", **fields)
+        elif params:
+            hint = hints.get(params[0].name, Any)
+            if isinstance(hint, type) and issubclass(hint, BaseModel):
+                self.model = hint
+            else:
+                self.adapter = TypeAdapter(hint)
+        self.takes_payload = bool(params)
+
+    def dump(self, payload: Any) -> Any:
+        """Validate ``payload`` and return its JSON-able form; raises ValidationError."""
+        if not self.takes_payload:
+            if payload is not None:
+                raise ConfigError("this task takes no payload; pass None")
+            return None
+        if self.model is not None:
+            value = (
+                payload if isinstance(payload, self.model) else self.model.model_validate(payload)
+            )
+            return value.model_dump(mode="json")
+        assert self.adapter is not None
+        return self.adapter.dump_python(self.adapter.validate_python(payload), mode="json")
+
+    def load(self, raw: Any) -> Any:
+        """The handler's payload value from its JSON-able form; raises ValidationError."""
+        if self.model is not None:
+            return self.model.model_validate(raw)
+        if self.adapter is not None:
+            return self.adapter.validate_python(raw)
+        return None
+
+    def call_args(self, value: Any, ctx: Context) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        kwargs: dict[str, Any] = {}
+        if self.ctx_param is not None:
+            kwargs[self.ctx_param] = ctx
+        if self.spread:
+            assert isinstance(value, BaseModel)
+            for name in self.names:
+                kwargs[name] = getattr(value, name)
+            return (), kwargs
+        if self.takes_payload:
+            kwargs[self.names[0]] = value
+        return (), kwargs
+
+
+class Task(Generic[R]):
+    """A registered handler. Call :meth:`enqueue` to run it on a worker."""
+
+    def __init__(self, app: App, fn: Handler[R], name: str, options: TaskOptions) -> None:
+        from .context import Context
+
+        if not inspect.iscoroutinefunction(fn):
+            raise ConfigError(f"task {name!r}: the handler must be an `async def` function")
+        self.app = app
+        self.fn = fn
+        self.name = name
+        self.options = options
+        self.codec = PayloadCodec(fn, Context)
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    def __repr__(self) -> str:
+        return f"<Task {self.name}>"
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> R:
+        """Run the handler directly, in this process (no queue, no lease)."""
+        return await self.fn(*args, **kwargs)
+
+    def validate(self, payload: Any) -> Any:
+        """The payload's JSON-able form; raises ``pydantic.ValidationError`` when invalid."""
+        return self.codec.dump(payload)
+
+    async def enqueue(
+        self,
+        payload: Any = None,
+        *,
+        key: str | None = None,
+        delay: float | None = None,
+        at: datetime | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Enqueued:
+        """Enqueue one job and return its id.
+
+        Args:
+            payload: the handler's payload; validated here, so a bad payload raises
+                ``pydantic.ValidationError`` before anything is written.
+            key: an idempotency key; while its record lives, enqueueing the same key again
+                writes nothing and returns the first job's id with ``duplicate=True``.
+            delay: run no sooner than this many seconds from now.
+            at: run no sooner than this time (timezone-aware, or naive UTC).
+            headers: extra string metadata carried with the job.
+        """
+        return (await self.app.enqueue(self, [payload], key=key, delay=delay, at=at,
+                                       headers=headers))[0]  # fmt: skip
+
+    async def enqueue_many(
+        self,
+        payloads: Sequence[Any],
+        *,
+        delay: float | None = None,
+        at: datetime | None = None,
+    ) -> list[Enqueued]:
+        """Enqueue many jobs in one round trip; every payload is validated first."""
+        return await self.app.enqueue(self, list(payloads), delay=delay, at=at)
+
+
+def is_validation_error(exc: BaseException) -> bool:
+    return isinstance(exc, ValidationError)
