@@ -3,19 +3,39 @@
 Each caller awaits its own result, but the commands queued while a pipeline is in flight go
 out together in the next one. Under load this turns N round trips into one; when idle a lone
 command is sent at once, so latency does not suffer.
+
+Calls of a *mergeable* script (one written to take many items, see ``ack.lua``) queued in the
+same moment are also merged into a single EVALSHA, so the server runs one script for a
+hundred jobs instead of a hundred scripts.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import NoScriptError
+from redis.exceptions import ConnectionError, NoScriptError, ResponseError, TimeoutError
 
 from ._scripts import Script
 
-_Pending = tuple[tuple[Any, ...], "asyncio.Future[Any]", Script | None]
+Resolver = Callable[[Any], None]
+
+
+class _Call:
+    __slots__ = ("args", "fut", "script")
+
+    def __init__(self, args: tuple[Any, ...], fut: asyncio.Future[Any], script: Script | None):
+        self.args, self.fut, self.script = args, fut, script
+
+
+class _Item:
+    __slots__ = ("argv", "fut", "group", "keys")
+
+    def __init__(self, group: tuple[Any, ...], keys: Sequence[str], argv: Sequence[Any],
+                 fut: asyncio.Future[Any]) -> None:  # fmt: skip
+        self.group, self.keys, self.argv, self.fut = group, keys, argv, fut
 
 
 class CommandBatcher:
@@ -24,23 +44,39 @@ class CommandBatcher:
     def __init__(self, client: Redis, max_batch: int = 512) -> None:
         self.client = client
         self.max_batch = max_batch
-        self._queue: list[_Pending] = []
+        self._queue: list[_Call | _Item] = []
         self._flusher: asyncio.Task[None] | None = None
 
     def execute(self, *args: Any) -> asyncio.Future[Any]:
         """Queue one command; the future resolves to its reply (or its error)."""
-        return self._enqueue(args, None)
+        return self._push(_Call(args, self._future(), None))
 
     def script(self, script: Script, keys: list[str], argv: list[Any]) -> asyncio.Future[Any]:
         """Queue one EVALSHA; a ``NOSCRIPT`` reply loads the script and retries the call."""
-        return self._enqueue(script.args(keys, argv), script)
+        return self._push(_Call(script.args(keys, argv), self._future(), script))
 
-    def _enqueue(self, args: tuple[Any, ...], script: Script | None) -> asyncio.Future[Any]:
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.append((args, fut, script))
+    def merged(
+        self,
+        script: Script,
+        shared_keys: tuple[str, ...],
+        shared_argv: tuple[Any, ...],
+        keys: Sequence[str],
+        argv: Sequence[Any],
+    ) -> asyncio.Future[Any]:
+        """Queue one item for a mergeable script. Items with the same script and shared
+        keys/arguments queued together become one call; the script returns one reply per
+        item, in order, and each future gets its own."""
+        group = (script, shared_keys, shared_argv)
+        return self._push(_Item(group, keys, argv, self._future()))
+
+    def _future(self) -> asyncio.Future[Any]:
+        return asyncio.get_running_loop().create_future()
+
+    def _push(self, item: _Call | _Item) -> asyncio.Future[Any]:
+        self._queue.append(item)
         if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush_loop())
-        return fut
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
+        return item.fut
 
     async def _flush_loop(self) -> None:
         while self._queue:
@@ -49,66 +85,83 @@ class CommandBatcher:
             try:
                 await self._send(batch)
             except BaseException as exc:  # also on cancellation: no caller may hang
-                for _, fut, _ in batch:
-                    if not fut.done():
-                        fut.set_exception(_as_exception(exc))
+                for item in batch:
+                    if not item.fut.done():
+                        item.fut.set_exception(_as_exception(exc))
                 if isinstance(exc, asyncio.CancelledError):
-                    self._fail_queue(exc)
+                    for item in self._queue:
+                        if not item.fut.done():
+                            item.fut.set_exception(_as_exception(exc))
+                    self._queue = []
                     raise
 
-    async def _send(self, batch: list[_Pending]) -> None:
-        replies = await self._pipeline([args for args, _, _ in batch])
-        missing: list[tuple[Script, _Pending]] = []
-        for item, reply in zip(batch, replies, strict=True):
-            _, fut, script = item
-            if fut.done():
-                continue
-            if isinstance(reply, NoScriptError) and script is not None:
-                missing.append((script, item))
-            elif isinstance(reply, Exception):
-                fut.set_exception(reply)
+    async def _send(self, batch: list[_Call | _Item]) -> None:
+        wire: list[tuple[tuple[Any, ...], Script | None, Resolver]] = []
+        groups: dict[tuple[Any, ...], list[_Item]] = {}
+        for item in batch:
+            if isinstance(item, _Item):
+                groups.setdefault(item.group, []).append(item)
+            else:  # sent even if its caller stopped waiting: a settle step must still happen
+                wire.append((item.args, item.script, _resolve_one(item.fut)))
+        for (script, shared_keys, shared_argv), items in groups.items():
+            keys = list(shared_keys)
+            argv = list(shared_argv)
+            for it in items:
+                keys.extend(it.keys)
+                argv.extend(it.argv)
+            wire.append((script.args(keys, argv), script, _resolve_many(items)))
+        replies = await self._pipeline([args for args, _, _ in wire])
+        missing = []
+        for command, reply in zip(wire, replies, strict=True):
+            if isinstance(reply, NoScriptError) and command[1] is not None:
+                missing.append(command)
             else:
-                fut.set_result(reply)
+                command[2](reply)
         if missing:
-            for source in {s.source for s, _ in missing}:
+            for source in {script.source for _, script, _ in missing if script is not None}:
                 await self.client.script_load(source)
-            retried = [item for _, item in missing]
-            replies = await self._pipeline([args for args, _, _ in retried])
-            for (_, fut, _), reply in zip(retried, replies, strict=True):
-                if fut.done():
-                    continue
-                if isinstance(reply, Exception):
-                    fut.set_exception(reply)
-                else:
-                    fut.set_result(reply)
+            replies = await self._pipeline([args for args, _, _ in missing])
+            for (_, _, resolve), reply in zip(missing, replies, strict=True):
+                resolve(reply)
 
     async def _pipeline(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         if len(commands) == 1:
+            execute: Any = self.client.execute_command
             try:
-                execute: Any = self.client.execute_command
                 return [await execute(*commands[0])]
-            except NoScriptError as exc:
+            except ResponseError as exc:
+                if isinstance(exc, ConnectionError | TimeoutError):
+                    raise
                 return [exc]
-            except Exception as exc:
-                if _is_reply_error(exc):
-                    return [exc]
-                raise
         pipe = self.client.pipeline(transaction=False)
         for args in commands:
             pipe.execute_command(*args)
         return list(await pipe.execute(raise_on_error=False))
 
-    def _fail_queue(self, exc: BaseException) -> None:
-        queued, self._queue = self._queue, []
-        for _, fut, _ in queued:
-            if not fut.done():
-                fut.set_exception(_as_exception(exc))
+
+def _resolve_one(fut: asyncio.Future[Any]) -> Resolver:
+    def resolve(reply: Any) -> None:
+        if fut.done():
+            return
+        if isinstance(reply, Exception):
+            fut.set_exception(reply)
+        else:
+            fut.set_result(reply)
+
+    return resolve
 
 
-def _is_reply_error(exc: Exception) -> bool:
-    from redis.exceptions import ConnectionError, ResponseError, TimeoutError
+def _resolve_many(items: list[_Item]) -> Resolver:
+    def resolve(reply: Any) -> None:
+        for i, it in enumerate(items):
+            if it.fut.done():
+                continue
+            if isinstance(reply, Exception):
+                it.fut.set_exception(reply)
+            else:
+                it.fut.set_result(reply[i])
 
-    return isinstance(exc, ResponseError) and not isinstance(exc, ConnectionError | TimeoutError)
+    return resolve
 
 
 def _as_exception(exc: BaseException) -> BaseException:

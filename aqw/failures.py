@@ -116,16 +116,18 @@ class RunawayGuard:
         self.action = action
         self.slow_factor = slow_factor
         self._clock = clock
-        self._runs: dict[str, deque[tuple[float, bool]]] = {}
+        self._runs: dict[str, _Window] = {}
         self._warned: dict[str, float] = {}
 
     def record(self, task: str, retried: bool) -> None:
         """Count one settled run of ``task``; ``retried`` when it was scheduled to retry."""
-        runs = self._runs.setdefault(task, deque())
+        runs = self._runs.get(task)
+        if runs is None:
+            runs = self._runs[task] = _Window()
         now = self._clock()
-        runs.append((now, retried))
-        self._trim(runs, now)
-        if self.running_away(task) and now - self._warned.get(task, 0.0) > self.window:
+        runs.add(now, retried)
+        runs.trim(now - self.window)
+        if retried and self.running_away(task) and now - self._warned.get(task, 0.0) > self.window:
             self._warned[task] = now
             log.error(
                 "task %r is retrying %.0f%% of its runs over the last %.0fs (threshold %.0f%%)%s",
@@ -137,19 +139,19 @@ class RunawayGuard:
             )
 
     def retry_rate(self, task: str) -> float:
+        """Retries as a share of settled runs of ``task`` within the window."""
         runs = self._runs.get(task)
-        if not runs:
+        if runs is None:
             return 0.0
-        self._trim(runs, self._clock())
-        return sum(1 for _, r in runs if r) / len(runs)
+        runs.trim(self._clock() - self.window)
+        return runs.retried / len(runs.events) if runs.events else 0.0
 
     def running_away(self, task: str) -> bool:
+        """True while ``task``'s retry rate is above the threshold."""
         runs = self._runs.get(task)
-        return (
-            runs is not None
-            and len(runs) >= self.min_runs
-            and self.retry_rate(task) > self.threshold
-        )
+        if runs is None or len(runs.events) < self.min_runs:
+            return False
+        return self.retry_rate(task) > self.threshold
 
     def delay_factor(self, task: str) -> float:
         """How much to stretch the next retry delay of ``task``."""
@@ -157,7 +159,21 @@ class RunawayGuard:
             return self.slow_factor
         return 1.0
 
-    def _trim(self, runs: deque[tuple[float, bool]], now: float) -> None:
-        horizon = now - self.window
-        while runs and runs[0][0] < horizon:
-            runs.popleft()
+
+class _Window:
+    """Timestamped outcomes with a running count of retries, trimmed from the left."""
+
+    __slots__ = ("events", "retried")
+
+    def __init__(self) -> None:
+        self.events: deque[tuple[float, bool]] = deque()
+        self.retried = 0
+
+    def add(self, at: float, retried: bool) -> None:
+        self.events.append((at, retried))
+        self.retried += retried
+
+    def trim(self, horizon: float) -> None:
+        events = self.events
+        while events and events[0][0] < horizon:
+            self.retried -= events.popleft()[1]

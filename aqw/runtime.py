@@ -509,24 +509,29 @@ class Worker:
                         delivery.id, exc)  # fmt: skip
 
     async def _with_retries(self, step: Callable[[], Awaitable[bool]]) -> bool:
-        """Run a settle step, retrying a lost connection for up to ``lease_ttl``; shielded from
-        cancellation so a job that finished is settled even during shutdown."""
+        """Run a settle step, retrying a lost connection for up to ``lease_ttl``.
+
+        Once sent, a step completes even if this task is cancelled (the command batcher
+        owns the round trip); the retries run shielded for the same reason."""
+        try:
+            return await step()
+        except TRANSIENT as exc:
+            first_error: BaseException = exc
         deadline = time.monotonic() + self._max_ttl
         backoff = _Backoff(0.05, 2.0)
 
-        async def attempt() -> bool:
-            while True:
+        async def again() -> bool:
+            error = first_error
+            while time.monotonic() < deadline:
+                await asyncio.sleep(backoff.next())
                 try:
                     return await step()
                 except TRANSIENT as exc:
-                    if time.monotonic() >= deadline:
-                        log.error(
-                            "could not settle after retrying (%r); it will be redelivered", exc
-                        )
-                        return False
-                    await asyncio.sleep(backoff.next())
+                    error = exc
+            log.error("could not settle after retrying (%r); it will be redelivered", error)
+            return False
 
-        return await asyncio.shield(asyncio.ensure_future(attempt()))
+        return await asyncio.shield(asyncio.ensure_future(again()))
 
     # -- handler helpers -------------------------------------------------------------------
 

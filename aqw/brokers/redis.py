@@ -180,8 +180,8 @@ class RedisBroker(Broker):
 
     async def ack(self, delivery: Delivery, lease: Lease | None) -> bool:
         key, token = self._lease_args(delivery, lease)
-        ok = await self.batcher.script(
-            self._ack, [self.keys.stream, key, self.keys.stats], [GROUP, token, delivery.id]
+        ok = await self.batcher.merged(
+            self._ack, (self.keys.stream, self.keys.stats), (GROUP,), (key,), (delivery.id, token)
         )
         return bool(ok)
 

@@ -1,17 +1,28 @@
--- Settle a finished job: acknowledge and delete its entry (the stream only keeps unfinished
--- work, so it stays bounded), release its lease, count it. Refuses when another holder has
--- taken the lease: that holder now owns the job and settles it.
--- KEYS[1] stream, KEYS[2] lease key, KEYS[3] stats hash
--- ARGV[1] group, ARGV[2] lease token ('' for none), ARGV[3] entry id
--- Returns 1 when acknowledged, 0 when refused.
-local cur = redis.call('GET', KEYS[2])
-if cur and cur ~= ARGV[2] then
-  return 0
+-- Settle finished jobs: acknowledge and delete each entry (the stream only keeps unfinished
+-- work, so it stays bounded), release its lease, count it. An entry whose lease another holder
+-- has taken is refused: that holder now owns the job and settles it.
+-- KEYS[1] stream, KEYS[2] stats hash, KEYS[3..] one lease key per job
+-- ARGV[1] group, then per job: entry id, lease token ('' for none)
+-- Returns one reply per job: 1 when acknowledged, 0 when refused.
+local out = {}
+local done = 0
+for i = 3, #KEYS do
+  local a = 2 + (i - 3) * 2
+  local entry, token = ARGV[a], ARGV[a + 1]
+  local cur = redis.call('GET', KEYS[i])
+  if cur and cur ~= token then
+    out[#out + 1] = 0
+  else
+    redis.call('XACK', KEYS[1], ARGV[1], entry)
+    redis.call('XDEL', KEYS[1], entry)
+    if cur then
+      redis.call('DEL', KEYS[i])
+    end
+    done = done + 1
+    out[#out + 1] = 1
+  end
 end
-redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
-redis.call('XDEL', KEYS[1], ARGV[3])
-if cur then
-  redis.call('DEL', KEYS[2])
+if done > 0 then
+  redis.call('HINCRBY', KEYS[2], 'processed', done)
 end
-redis.call('HINCRBY', KEYS[3], 'processed', 1)
-return 1
+return out

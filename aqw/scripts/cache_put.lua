@@ -14,7 +14,7 @@ if v < tonumber(current) then
   return 0
 end
 local stored = redis.call('HGET', KEYS[1], 'v')
-if stored and false then
+if stored and tonumber(stored) > v then
   return 0
 end
 if v > tonumber(current) then
