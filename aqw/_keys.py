@@ -49,7 +49,25 @@ class QueueKeys:
         return f"{self.tag}:lock:{name}"
 
     def done(self, key: str) -> str:
+        """The completion record of idempotency key ``key``."""
         return f"{self.tag}:done:{key}"
+
+    def idempotency(self, key: str) -> str:
+        """The enqueue record of idempotency key ``key``."""
+        return f"{self.tag}:key:{key}"
+
+    def job_state(self, job_id: str) -> str:
+        """The running state of job ``job_id`` (expires with its lease)."""
+        return f"{self.tag}:job:{job_id}"
+
+    @property
+    def workers(self) -> str:
+        """The set of worker names that published a heartbeat."""
+        return f"{self.tag}:workers"
+
+    def worker(self, name: str) -> str:
+        """A worker's heartbeat (JSON, expires unless refreshed)."""
+        return f"{self.tag}:worker:{name}"
 
     def pattern(self) -> str:
         """A SCAN pattern matching every key of this queue."""

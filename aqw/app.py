@@ -33,6 +33,9 @@ class App:
         timeout: default seconds a handler may run (None: no limit).
         max_deliveries: deliveries without a settle (e.g. the worker crashed mid-job each time)
             after which a job is dead-lettered as a poison message.
+        idempotency_ttl: seconds an idempotency key's enqueue record and its job's
+            completion record live: within it, the same key enqueues nothing new and a
+            redelivered copy of a finished keyed job is skipped.
     """
 
     def __init__(
@@ -44,6 +47,7 @@ class App:
         lease_ttl: float = 30.0,
         timeout: float | None = None,
         max_deliveries: int = 10,
+        idempotency_ttl: float = 86_400.0,
     ) -> None:
         validate_queue_name(queue)
         if lease_ttl <= 0:
@@ -52,6 +56,8 @@ class App:
             raise ConfigError(f"App timeout must be > 0 seconds or None, got {timeout!r}")
         if max_deliveries < 1:
             raise ConfigError(f"App max_deliveries must be >= 1, got {max_deliveries!r}")
+        if idempotency_ttl <= 0:
+            raise ConfigError(f"App idempotency_ttl must be > 0 seconds, got {idempotency_ttl!r}")
         self.broker_url = broker if isinstance(broker, str) else None
         self.broker: Broker = from_url(broker, queue) if isinstance(broker, str) else broker
         self.queue = self.broker.queue
@@ -59,6 +65,8 @@ class App:
         self.lease_ttl = lease_ttl
         self.timeout = timeout
         self.max_deliveries = max_deliveries
+        self.idempotency_ttl = idempotency_ttl
+        self.broker.completion_ttl = idempotency_ttl
         self.tasks: dict[str, Task[Any]] = {}
 
     def __repr__(self) -> str:
@@ -165,6 +173,12 @@ class App:
             Job(task=target.name, payload=body, key=key, headers=dict(headers or {}))
             for body in bodies
         ]
+        if key is not None:
+            if len(jobs) != 1:
+                raise ConfigError("enqueue: an idempotency key names exactly one job")
+            due = run_at if run_at is not None and run_at > time.time() else None
+            job_id, duplicate = await self.broker.publish_unique(jobs[0], self.idempotency_ttl, due)
+            return [Enqueued(job_id, duplicate)]
         if run_at is not None and run_at > time.time():
             await self.broker.schedule(jobs, run_at)
         else:
@@ -210,6 +224,12 @@ class App:
         from .dlq import DeadLetters
 
         return DeadLetters(self)
+
+    async def job_status(self, job_id: str) -> dict[str, str] | None:
+        """The state of a running job (worker, started_at, lease_expires_at, progress,
+        message), or None when it is not running. The state expires on its own when the
+        worker running the job dies."""
+        return await self.broker.job_state(job_id)
 
     async def close(self) -> None:
         """Close the broker's connections."""

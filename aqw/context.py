@@ -60,6 +60,12 @@ class Context:
             )
         return self._log
 
+    async def progress(self, fraction: float, message: str = "") -> None:
+        """Report progress (0.0-1.0) of this job, readable by ``app.job_status(job_id)``."""
+        if not 0.0 <= fraction <= 1.0:
+            raise ConfigError(f"ctx.progress(fraction): must be within 0..1, got {fraction!r}")
+        await self.worker.report_progress(self, fraction, message)
+
     def lock(self, name: str, *, ttl: float = 30.0, wait: float | None = 10.0) -> Lease:
         """A resource lease for use in the handler: ``async with ctx.lock("customer:7"):``.
 

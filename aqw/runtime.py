@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import time
 import traceback
@@ -25,6 +26,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._ids import consumer_name
+from ._stats import SlidingStats
 from .brokers.base import Delivery, Failure
 from .context import Context
 from .errors import (
@@ -65,9 +67,45 @@ class WorkerStats:
     lease_busy: int = 0
     requeued: int = 0
     malformed: int = 0
+    duplicates_skipped: int = 0
+    stuck: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.__slots__}
+
+
+class _Run:
+    """A job while it runs here: what ``app.job_status`` and the watchdog see."""
+
+    __slots__ = ("job", "lease", "message", "progress", "published", "started", "timer")
+
+    def __init__(self, job: Job, lease: Lease) -> None:
+        self.job = job
+        self.lease = lease
+        self.started = time.time()
+        self.progress = 0.0
+        self.message = ""
+        self.published = False
+        self.timer: asyncio.TimerHandle | None = None
+
+    def state(self, worker: str) -> dict[str, str]:
+        return {
+            "state": "running",
+            "job_id": self.job.id,
+            "task": self.job.task,
+            "attempt": str(self.job.attempt),
+            "worker": worker,
+            "started_at": repr(self.started),
+            "lease_expires_at": repr(self.lease.expires_at),
+            "fencing_token": str(self.lease.fencing_token),
+            "progress": repr(self.progress),
+            "message": self.message,
+        }
+
+
+#: A job's running state is published once it has run this long (or reports progress),
+#: so the many short jobs cost no extra round trips.
+STATE_AFTER = 0.5
 
 
 @dataclass(slots=True)
@@ -108,6 +146,7 @@ class Worker:
         burst: bool = False,
         handle_signals: bool = False,
         name: str | None = None,
+        heartbeat: float = 5.0,
     ) -> None:
         if not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigError(f"worker concurrency must be an integer >= 1, got {concurrency!r}")
@@ -115,6 +154,8 @@ class Worker:
             raise ConfigError(f"worker prefetch must be an integer >= 0, got {prefetch!r}")
         if grace < 0:
             raise ConfigError(f"worker grace must be >= 0 seconds, got {grace!r}")
+        if heartbeat <= 0:
+            raise ConfigError(f"worker heartbeat must be > 0 seconds, got {heartbeat!r}")
         self.app = app
         self.broker = app.broker
         self.concurrency = concurrency
@@ -127,11 +168,14 @@ class Worker:
         self.errors = ErrorTracker()
         self.runaway = RunawayGuard()
         self.keeper = LeaseKeeper()
+        self.window = SlidingStats()
+        self.heartbeat = heartbeat
+        self._stuck_reported: set[str] = set()
         self.state = "idle"  # idle -> running -> stopping -> stopped
         self.started_at = 0.0
         self._in_flight = 0
         self._jobs: set[asyncio.Task[None]] = set()
-        self._running: dict[str, tuple[Job, float]] = {}
+        self._running: dict[str, _Run] = {}
         self._buffer: deque[Delivery] = deque()
         self._slot_free = asyncio.Event()
         self._stop = asyncio.Event()
@@ -149,7 +193,7 @@ class Worker:
 
     def running_jobs(self) -> list[tuple[Job, float]]:
         """(job, started at) of every job running now."""
-        return list(self._running.values())
+        return [(run.job, run.started) for run in self._running.values()]
 
     async def __aenter__(self) -> Worker:
         await self.start()
@@ -173,6 +217,7 @@ class Worker:
             spawn(self._fetch_loop(), name="aqw-fetch"),
             spawn(self._promote_loop(), name="aqw-promote"),
             spawn(self._reclaim_loop(), name="aqw-reclaim"),
+            spawn(self._heartbeat_loop(), name="aqw-heartbeat"),
         ]
         if self.handle_signals:
             self._install_signal_handlers()
@@ -218,6 +263,8 @@ class Worker:
                     task.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
         await self.keeper.close()
+        with contextlib.suppress(Exception):
+            await self.broker.remove_heartbeat(self.name)
         if self.handle_signals:
             self._remove_signal_handlers()
         self.state = "stopped"
@@ -320,6 +367,80 @@ class Worker:
                 else:
                     self._buffer.append(delivery)
 
+    async def _heartbeat_loop(self) -> None:
+        """Publish this worker's summary every ``heartbeat`` seconds and watch for stuck
+        jobs (running longer than twice their task's ``sla``) every second."""
+        last_beat = 0.0
+        while True:
+            self._watch_stuck()
+            now = time.monotonic()
+            if now - last_beat >= self.heartbeat:
+                last_beat = now
+                try:
+                    await self.broker.publish_heartbeat(
+                        self.name, self.summary(), ttl=self.heartbeat * 3
+                    )
+                except TRANSIENT as exc:
+                    log.warning("could not publish the worker heartbeat (%r)", exc)
+            await asyncio.sleep(min(self.heartbeat, 1.0))
+
+    def stuck_jobs(self) -> list[dict[str, Any]]:
+        """Jobs running longer than twice their task's ``sla``."""
+        now = time.time()
+        out = []
+        for run in self._running.values():
+            task = self.app.tasks.get(run.job.task)
+            sla = task.options.sla if task is not None else None
+            if sla is not None and now - run.started > 2 * sla:
+                out.append({"job_id": run.job.id, "task": run.job.task, "sla": sla,
+                            "started_at": run.started, "running_for": now - run.started,
+                            "worker": self.name})  # fmt: skip
+        return out
+
+    def _watch_stuck(self) -> None:
+        for stuck in self.stuck_jobs():
+            if stuck["job_id"] in self._stuck_reported:
+                continue
+            self._stuck_reported.add(stuck["job_id"])
+            self.stats.stuck += 1
+            log.warning(
+                "job %s (%s) is stuck: running %.1fs, more than 2x its SLA of %.1fs",
+                stuck["job_id"], stuck["task"], stuck["running_for"], stuck["sla"],
+            )  # fmt: skip
+        self._stuck_reported &= set(self._running)
+
+    def summary(self) -> dict[str, Any]:
+        """What this worker publishes in its heartbeat: state, counters, recent rates,
+        duration quantiles, running and stuck jobs, and the most frequent errors."""
+        return {
+            "worker": self.name,
+            "queue": self.app.queue,
+            "pid": os.getpid(),
+            "state": self.state,
+            "at": time.time(),
+            "started_at": self.started_at,
+            "concurrency": self.concurrency,
+            "in_flight": self._in_flight,
+            "leases": len(self.keeper),
+            "totals": self.stats.as_dict(),
+            "last_1m": self.window.totals(60),
+            "last_5m": self.window.totals(300),
+            "duration_5m": self.window.quantiles((0.5, 0.99)),
+            "running": [
+                {
+                    "job_id": r.job.id,
+                    "task": r.job.task,
+                    "attempt": r.job.attempt,
+                    "started_at": r.started,
+                    "progress": r.progress,
+                }
+                for r in list(self._running.values())[:100]
+            ],
+            "stuck": self.stuck_jobs(),
+            "errors": [vars_of(e) for e in self.errors.top(10)],
+            "runaway": sorted(t for t in self.app.tasks if self.runaway.running_away(t)),
+        }
+
     async def _give_back_buffer(self) -> None:
         while self._buffer:
             delivery = self._buffer.popleft()
@@ -368,14 +489,23 @@ class Worker:
             self.broker.lease_backend(),
             self.broker.job_lease_key(job),
             ttl=task.options.lease_ttl,
-            keep_alive=partial(self.broker.keep_alive, delivery),
+            keep_alive=partial(self._keep_alive, delivery, job.id),
             keeper=self.keeper,
         )
-        self._running[job.id] = (job, time.time())
+        run = _Run(job, lease)
         try:
             try:
                 async with lease:
-                    outcome = await self._run_handler(task, job, payload, lease)
+                    self._running[job.id] = run
+                    run.timer = asyncio.get_running_loop().call_later(
+                        STATE_AFTER, self._publish_later, run
+                    )
+                    if job.key is not None and await self.broker.is_completed(job):
+                        outcome = _Outcome("skip")
+                    else:
+                        began = time.perf_counter()
+                        outcome = await self._run_handler(task, job, payload, lease)
+                        self.window.duration(time.perf_counter() - began)
                     lease._hand_over()
             except LeaseUnavailable:
                 # Another holder is running this job: leave the delivery alone.
@@ -390,7 +520,48 @@ class Worker:
                 raise
             await self._settle(task, delivery, job, lease, outcome)
         finally:
-            self._running.pop(job.id, None)
+            self._finish_run(run)
+
+    def _finish_run(self, run: _Run) -> None:
+        if self._running.get(run.job.id) is run:
+            del self._running[run.job.id]
+        if run.timer is not None:
+            run.timer.cancel()
+        if run.published:
+            self._spawn(self.broker.clear_job_state(run.job.id))
+
+    def _publish_later(self, run: _Run) -> None:
+        run.timer = None
+        if self._running.get(run.job.id) is run:
+            self._spawn(self._publish_state(run))
+
+    async def _publish_state(self, run: _Run) -> None:
+        run.published = True
+        await self.broker.set_job_state(run.job.id, run.state(self.name), run.lease.ttl)
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        async def quietly() -> None:
+            try:
+                await coro
+            except Exception as exc:
+                log.debug("background step failed: %r", exc)
+
+        asyncio.get_running_loop().create_task(quietly())
+
+    async def _keep_alive(self, delivery: Delivery, job_id: str) -> bool:
+        alive = await self.broker.keep_alive(delivery)
+        run = self._running.get(job_id)
+        if alive and run is not None and run.published:
+            self._spawn(self._publish_state(run))
+        return alive
+
+    async def report_progress(self, ctx: Context, fraction: float, message: str) -> None:
+        """Record a running job's progress and publish its state at once."""
+        run = self._running.get(ctx.job.id)
+        if run is None:
+            return
+        run.progress, run.message = fraction, message
+        await self._publish_state(run)
 
     def _decode(self, delivery: Delivery) -> Job | None:
         try:
@@ -432,16 +603,24 @@ class Worker:
     async def _settle(
         self, task: Task[Any], delivery: Delivery, job: Job, lease: Lease, outcome: _Outcome
     ) -> None:
-        if outcome.kind == "ok":
+        if outcome.kind in ("ok", "skip"):
             if await self._with_retries(partial(self.broker.ack, delivery, lease)):
-                self.stats.processed += 1
-                self.runaway.record(task.name, False)
+                if outcome.kind == "skip":
+                    self.stats.duplicates_skipped += 1
+                    self.window.count("skipped")
+                    log.info("job %s (%s) already completed under key %r; skipped",
+                             job.id, job.task, job.key)  # fmt: skip
+                else:
+                    self.stats.processed += 1
+                    self.window.count("processed")
+                    self.runaway.record(task.name, False)
             else:
                 self._lost_at_settle(job)
             return
         error = outcome.error
         assert error is not None
         self.stats.failed += 1
+        self.window.count("failed")
         self.errors.record(error, task.name, getattr(task.fn, "__code__", None))
         policy = task.options.retry
         if outcome.kind == "retry" and policy.retries_left(job.attempt):
@@ -458,6 +637,7 @@ class Worker:
             retry = partial(self.broker.retry, delivery, nxt, time.time() + delay, lease)
             if await self._with_retries(retry):
                 self.stats.retried += 1
+                self.window.count("retried")
                 self.runaway.record(task.name, True)
             else:
                 self._lost_at_settle(job)
@@ -494,6 +674,7 @@ class Worker:
         )
         if ok:
             self.stats.dead += 1
+            self.window.count("dead")
         return ok
 
     async def _give_back(self, delivery: Delivery) -> None:
@@ -539,6 +720,11 @@ class Worker:
         """A lease on a named resource of this queue, renewed by this worker's keeper."""
         key = f"aqw:{{{self.app.queue}}}:lock:{name}"
         return Lease(self.broker.lease_backend(), key, ttl=ttl, wait=wait, keeper=self.keeper)
+
+
+def vars_of(obj: Any) -> dict[str, Any]:
+    """A slotted dataclass as a dict."""
+    return {name: getattr(obj, name) for name in obj.__slots__}
 
 
 def _describe(error: BaseException) -> str:

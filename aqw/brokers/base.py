@@ -8,12 +8,16 @@ that are atomic on its side.
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import ConfigError
 from ..job import Job
 from ..lease import Lease, LeaseBackend
+
+_HEARTBEATS: dict[str, dict[str, tuple[dict[str, Any], float]]] = {}
 
 
 @dataclass(slots=True)
@@ -104,9 +108,13 @@ class Broker(abc.ABC):
     #: ``messaging.system`` for telemetry.
     system: str = "unknown"
 
+    #: Seconds a completion record of a keyed job lives (0: none are written).
+    completion_ttl: float = 0.0
+
     def __init__(self, queue: str) -> None:
         self.queue = queue
         self.consumer = ""
+        self._local_states: dict[str, tuple[dict[str, str], float]] = {}
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -131,6 +139,14 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     async def schedule(self, jobs: Sequence[Job], run_at: float) -> None:
         """Make ``jobs`` available at ``run_at`` (seconds since the epoch)."""
+
+    async def publish_unique(self, job: Job, ttl: float, run_at: float | None) -> tuple[str, bool]:
+        """Enqueue ``job`` unless a job with its idempotency key (``job.key``) was enqueued
+        within ``ttl`` seconds; the check and the write are atomic. Returns (the job id that
+        holds the key, True when it was a duplicate and nothing was written)."""
+        raise ConfigError(
+            f"the {type(self).__name__} broker cannot enqueue with an idempotency key atomically"
+        )
 
     # -- consuming -------------------------------------------------------------------------
 
@@ -177,6 +193,48 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     async def requeue(self, delivery: Delivery, lease: Lease | None) -> bool:
         """Give an unfinished delivery back for immediate redelivery (same attempt)."""
+
+    async def is_completed(self, job: Job) -> bool:
+        """True when ``job``'s idempotency key has a completion record (it finished before)."""
+        return False
+
+    # -- running-job state (expires on its own when the worker dies) ------------------------
+
+    async def set_job_state(self, job_id: str, state: dict[str, str], ttl: float) -> None:
+        """Publish the state of a running job for ``ttl`` seconds. This default keeps it in
+        the process (enough for an embedded worker); shared brokers store it centrally."""
+        self._local_states[job_id] = (state, time.monotonic() + ttl)
+
+    async def clear_job_state(self, job_id: str) -> None:
+        """Remove the state of a job that is no longer running."""
+        self._local_states.pop(job_id, None)
+
+    async def job_state(self, job_id: str) -> dict[str, str] | None:
+        """The published state of a running job, or None."""
+        entry = self._local_states.get(job_id)
+        if entry is None or entry[1] < time.monotonic():
+            self._local_states.pop(job_id, None)
+            return None
+        return dict(entry[0])
+
+    # -- worker heartbeats (what `aqw status` and the monitor read) -------------------------
+
+    async def publish_heartbeat(self, worker: str, data: dict[str, Any], ttl: float) -> None:
+        """Publish a worker's summary for ``ttl`` seconds. This default keeps it in the
+        process; shared brokers store it centrally so any process can read it."""
+        _HEARTBEATS.setdefault(self.queue, {})[worker] = (data, time.monotonic() + ttl)
+
+    async def heartbeats(self) -> list[dict[str, Any]]:
+        """The summaries of the workers that published one recently."""
+        beats = _HEARTBEATS.get(self.queue, {})
+        now = time.monotonic()
+        for name in [n for n, (_, until) in beats.items() if until < now]:
+            del beats[name]
+        return [data for data, _ in beats.values()]
+
+    async def remove_heartbeat(self, worker: str) -> None:
+        """Withdraw a stopped worker's summary."""
+        _HEARTBEATS.get(self.queue, {}).pop(worker, None)
 
     # -- inspection ------------------------------------------------------------------------
 

@@ -73,6 +73,7 @@ class _Queue:
     delayed: list[tuple[float, int, bytes]] = field(default_factory=list)
     dlq: OrderedDict[str, DeadJob] = field(default_factory=OrderedDict)
     stats: dict[str, int] = field(default_factory=dict)
+    records: dict[str, tuple[str, float]] = field(default_factory=dict)
     leases: MemoryLeaseBackend = field(default_factory=MemoryLeaseBackend)
     ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     changed: asyncio.Event | None = None
@@ -124,6 +125,28 @@ class MemoryBroker(Broker):
         self._q.waiting[entry_id] = data
         self._q.notify()
         return entry_id
+
+    def _record(self, name: str) -> str | None:
+        entry = self._q.records.get(name)
+        if entry is None or entry[1] <= time.monotonic():
+            self._q.records.pop(name, None)
+            return None
+        return entry[0]
+
+    async def publish_unique(self, job: Job, ttl: float, run_at: float | None) -> tuple[str, bool]:
+        assert job.key is not None
+        existing = self._record(f"key:{job.key}")
+        if existing is not None:
+            return existing, True
+        self._q.records[f"key:{job.key}"] = (job.id, time.monotonic() + ttl)
+        if run_at is not None:
+            await self.schedule([job], run_at)
+        else:
+            await self.publish([job])
+        return job.id, False
+
+    async def is_completed(self, job: Job) -> bool:
+        return job.key is not None and self._record(f"done:{job.key}") is not None
 
     async def schedule(self, jobs: Sequence[Job], run_at: float) -> None:
         for job in jobs:
@@ -198,6 +221,9 @@ class MemoryBroker(Broker):
     async def ack(self, delivery: Delivery, lease: Lease | None) -> bool:
         if not self._settle(delivery, lease):
             return False
+        job = delivery.job
+        if job is not None and job.key is not None and self.completion_ttl > 0:
+            self._q.records[f"done:{job.key}"] = (job.id, time.monotonic() + self.completion_ttl)
         self._q.bump("processed")
         return True
 

@@ -8,6 +8,8 @@ time), ``aqw:{q}:dlq`` (capped stream), ``aqw:{q}:fence`` (fencing counter),
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -81,6 +83,7 @@ class RedisBroker(Broker):
         self._keep_alive = _scripts.load("keep_alive")
         self._promote = _scripts.load("promote")
         self._replay = _scripts.load("dlq_replay")
+        self._unique = _scripts.load("enqueue_unique")
         self._group_ready = False
 
     async def connect(self) -> None:
@@ -109,6 +112,16 @@ class RedisBroker(Broker):
         for job in jobs:
             pipe.execute_command("XADD", self.keys.stream, "*", "j", job.encode())
         await pipe.execute()
+
+    async def publish_unique(self, job: Job, ttl: float, run_at: float | None) -> tuple[str, bool]:
+        assert job.key is not None
+        due = int(run_at * 1000) if run_at is not None else 0
+        job_id, duplicate = await self.batcher.script(
+            self._unique,
+            [self.keys.idempotency(job.key), self.keys.stream, self.keys.delayed],
+            [job.id, max(1, int(ttl * 1000)), job.encode(), due],
+        )
+        return _text(job_id), bool(duplicate)
 
     async def schedule(self, jobs: Sequence[Job], run_at: float) -> None:
         due = int(run_at * 1000)
@@ -180,8 +193,17 @@ class RedisBroker(Broker):
 
     async def ack(self, delivery: Delivery, lease: Lease | None) -> bool:
         key, token = self._lease_args(delivery, lease)
+        job = delivery.job
+        if job is not None and job.key is not None and self.completion_ttl > 0:
+            record, ttl_ms = self.keys.done(job.key), max(1, int(self.completion_ttl * 1000))
+        else:
+            record, ttl_ms = self.keys.done(""), 0
         ok = await self.batcher.merged(
-            self._ack, (self.keys.stream, self.keys.stats), (GROUP,), (key,), (delivery.id, token)
+            self._ack,
+            (self.keys.stream, self.keys.stats),
+            (GROUP,),
+            (key, record),
+            (delivery.id, token, ttl_ms, job.id if job else ""),
         )
         return bool(ok)
 
@@ -224,6 +246,49 @@ class RedisBroker(Broker):
             self.client, [self.keys.stream, key], [GROUP, self.consumer, token, delivery.id]
         )
         return ok is not None
+
+    async def is_completed(self, job: Job) -> bool:
+        if job.key is None:
+            return False
+        return bool(await self.batcher.execute("EXISTS", self.keys.done(job.key)))
+
+    async def set_job_state(self, job_id: str, state: dict[str, str], ttl: float) -> None:
+        key = self.keys.job_state(job_id)
+        fields = [x for pair in state.items() for x in pair]
+        await asyncio.gather(
+            self.batcher.execute("HSET", key, *fields),
+            self.batcher.execute("PEXPIRE", key, max(1, int(ttl * 1000))),
+        )
+
+    async def clear_job_state(self, job_id: str) -> None:
+        await self.batcher.execute("DEL", self.keys.job_state(job_id))
+
+    async def job_state(self, job_id: str) -> dict[str, str] | None:
+        raw: Any = await self.client.hgetall(self.keys.job_state(job_id))
+        return {_text(k): _text(v) for k, v in raw.items()} or None
+
+    async def publish_heartbeat(self, worker: str, data: dict[str, Any], ttl: float) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.set(self.keys.worker(worker), json.dumps(data), px=max(1, int(ttl * 1000)))
+        pipe.sadd(self.keys.workers, worker)
+        await pipe.execute()
+
+    async def heartbeats(self) -> list[dict[str, Any]]:
+        names: Any = await self.client.smembers(self.keys.workers)
+        if not names:
+            return []
+        ordered = sorted(_text(n) for n in names)
+        values: Any = await self.client.mget([self.keys.worker(n) for n in ordered])
+        gone = [n for n, v in zip(ordered, values, strict=True) if v is None]
+        if gone:
+            await self.client.srem(self.keys.workers, *gone)
+        return [json.loads(v) for v in values if v is not None]
+
+    async def remove_heartbeat(self, worker: str) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.delete(self.keys.worker(worker))
+        pipe.srem(self.keys.workers, worker)
+        await pipe.execute()
 
     # -- inspection ------------------------------------------------------------------------
 

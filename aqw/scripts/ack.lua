@@ -1,22 +1,29 @@
 -- Settle finished jobs: acknowledge and delete each entry (the stream only keeps unfinished
--- work, so it stays bounded), release its lease, count it. An entry whose lease another holder
--- has taken is refused: that holder now owns the job and settles it.
--- KEYS[1] stream, KEYS[2] stats hash, KEYS[3..] one lease key per job
--- ARGV[1] group, then per job: entry id, lease token ('' for none)
+-- work, so it stays bounded), release its lease, write its completion record when the job has
+-- an idempotency key, count it. An entry whose lease another holder has taken is refused:
+-- that holder now owns the job and settles it.
+-- KEYS[1] stream, KEYS[2] stats hash, then per job: lease key, completion record key
+-- ARGV[1] group, then per job: entry id, lease token ('' for none), record ttl in ms (0: none),
+--   job id
 -- Returns one reply per job: 1 when acknowledged, 0 when refused.
 local out = {}
 local done = 0
-for i = 3, #KEYS do
-  local a = 2 + (i - 3) * 2
-  local entry, token = ARGV[a], ARGV[a + 1]
-  local cur = redis.call('GET', KEYS[i])
+local n = (#KEYS - 2) / 2
+for i = 0, n - 1 do
+  local lease, record = KEYS[3 + i * 2], KEYS[4 + i * 2]
+  local a = 2 + i * 4
+  local entry, token, ttl, job = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3]
+  local cur = redis.call('GET', lease)
   if cur and cur ~= token then
     out[#out + 1] = 0
   else
     redis.call('XACK', KEYS[1], ARGV[1], entry)
     redis.call('XDEL', KEYS[1], entry)
     if cur then
-      redis.call('DEL', KEYS[i])
+      redis.call('DEL', lease)
+    end
+    if ttl > 0 then
+      redis.call('SET', record, job, 'PX', ttl)
     end
     done = done + 1
     out[#out + 1] = 1
