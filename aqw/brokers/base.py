@@ -217,6 +217,12 @@ class Broker(abc.ABC):
             return None
         return dict(entry[0])
 
+    async def job_states(self, limit: int = 1000) -> list[dict[str, str]]:
+        """The published states of up to ``limit`` running jobs."""
+        now = time.monotonic()
+        live = [dict(state) for state, until in self._local_states.values() if until >= now]
+        return live[:limit]
+
     # -- worker heartbeats (what `aqw status` and the monitor read) -------------------------
 
     async def publish_heartbeat(self, worker: str, data: dict[str, Any], ttl: float) -> None:

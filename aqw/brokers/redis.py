@@ -267,6 +267,16 @@ class RedisBroker(Broker):
         raw: Any = await self.client.hgetall(self.keys.job_state(job_id))
         return {_text(k): _text(v) for k, v in raw.items()} or None
 
+    async def job_states(self, limit: int = 1000) -> list[dict[str, str]]:
+        out: list[dict[str, str]] = []
+        async for key in self.client.scan_iter(match=self.keys.job_state("*"), count=500):
+            raw: Any = await self.client.hgetall(key)
+            if raw:
+                out.append({_text(k): _text(v) for k, v in raw.items()})
+            if len(out) >= limit:
+                break
+        return out
+
     async def publish_heartbeat(self, worker: str, data: dict[str, Any], ttl: float) -> None:
         pipe = self.client.pipeline(transaction=False)
         pipe.set(self.keys.worker(worker), json.dumps(data), px=max(1, int(ttl * 1000)))
