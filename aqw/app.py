@@ -7,12 +7,17 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
+from opentelemetry import metrics, trace
+from opentelemetry.metrics import MeterProvider
+from opentelemetry.trace import TracerProvider
+
 from ._keys import validate_queue_name
 from .brokers import Broker, from_url
 from .errors import ConfigError, UnknownTask
 from .job import Job
 from .retry import RetryPolicy
 from .task import Enqueued, Handler, Task, TaskOptions
+from .telemetry import Telemetry
 
 if TYPE_CHECKING:
     from .dlq import DeadLetters
@@ -36,6 +41,10 @@ class App:
         idempotency_ttl: seconds an idempotency key's enqueue record and its job's
             completion record live: within it, the same key enqueues nothing new and a
             redelivered copy of a finished keyed job is skipped.
+        tracer_provider / meter_provider: OpenTelemetry providers (default: the global ones;
+            with no SDK configured, telemetry is off and costs next to nothing).
+        trace_link: start each job's ``process`` span in a new trace linked to the
+            producer's span instead of as its child.
     """
 
     def __init__(
@@ -48,6 +57,9 @@ class App:
         timeout: float | None = None,
         max_deliveries: int = 10,
         idempotency_ttl: float = 86_400.0,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+        trace_link: bool = False,
     ) -> None:
         validate_queue_name(queue)
         if lease_ttl <= 0:
@@ -68,10 +80,29 @@ class App:
         self.idempotency_ttl = idempotency_ttl
         self.broker.completion_ttl = idempotency_ttl
         self.tasks: dict[str, Task[Any]] = {}
+        self._tracer_provider = tracer_provider
+        self._meter_provider = meter_provider
+        self._trace_link = trace_link
+        self._telemetry: Telemetry | None = None
+        self._telemetry_key: tuple[int, int] = (0, 0)
 
     def __repr__(self) -> str:
         broker = type(self.broker).__name__
         return f"<App queue={self.queue!r} broker={broker} tasks={len(self.tasks)}>"
+
+    @property
+    def telemetry(self) -> Telemetry:
+        """Spans and metrics of this app's queue, following the configured providers."""
+        tp = self._tracer_provider or trace.get_tracer_provider()
+        mp = self._meter_provider or metrics.get_meter_provider()
+        key = (id(tp), id(mp))
+        if self._telemetry is None or key != self._telemetry_key:
+            self._telemetry = Telemetry(
+                self.queue, self.broker.system, tracer_provider=tp, meter_provider=mp,
+                link=self._trace_link,
+            )  # fmt: skip
+            self._telemetry_key = key
+        return self._telemetry
 
     # -- registration ----------------------------------------------------------------------
 
@@ -173,16 +204,19 @@ class App:
             Job(task=target.name, payload=body, key=key, headers=dict(headers or {}))
             for body in bodies
         ]
-        if key is not None:
-            if len(jobs) != 1:
-                raise ConfigError("enqueue: an idempotency key names exactly one job")
-            due = run_at if run_at is not None and run_at > time.time() else None
-            job_id, duplicate = await self.broker.publish_unique(jobs[0], self.idempotency_ttl, due)
-            return [Enqueued(job_id, duplicate)]
-        if run_at is not None and run_at > time.time():
-            await self.broker.schedule(jobs, run_at)
-        else:
-            await self.broker.publish(jobs)
+        with self.telemetry.publish(jobs):
+            if key is not None:
+                if len(jobs) != 1:
+                    raise ConfigError("enqueue: an idempotency key names exactly one job")
+                due = run_at if run_at is not None and run_at > time.time() else None
+                job_id, duplicate = await self.broker.publish_unique(
+                    jobs[0], self.idempotency_ttl, due
+                )
+                return [Enqueued(job_id, duplicate)]
+            if run_at is not None and run_at > time.time():
+                await self.broker.schedule(jobs, run_at)
+            else:
+                await self.broker.publish(jobs)
         return [Enqueued(job.id) for job in jobs]
 
     # -- running ---------------------------------------------------------------------------

@@ -29,6 +29,9 @@ log = logging.getLogger("aqw.lease")
 
 KeepAlive = Callable[[], Awaitable[bool]]
 
+#: Fire-and-forget cleanup tasks (releases after a cancelled acquire), referenced until done.
+_background: set[asyncio.Task[None]] = set()
+
 
 class LeaseBackend(Protocol):
     """Where leases live. Each method is atomic on the server side."""
@@ -145,6 +148,7 @@ class Lease:
         self._renewer: asyncio.Task[None] | None = None
         self._scope: asyncio.Timeout | None = None
         self._on_lost: list[Callable[[Lease], None]] = []
+        self._on_renewed: list[Callable[[Lease], None]] = []
 
     # -- public surface ------------------------------------------------------------------
 
@@ -162,6 +166,10 @@ class Lease:
     def on_lost(self, callback: Callable[[Lease], None]) -> None:
         """Call ``callback(lease)`` when the lease is lost (for metrics and logs)."""
         self._on_lost.append(callback)
+
+    def on_renewed(self, callback: Callable[[Lease], None]) -> None:
+        """Call ``callback(lease)`` after each successful renewal (for metrics and traces)."""
+        self._on_renewed.append(callback)
 
     async def acquire(self) -> None:
         """Take the lease, waiting up to ``wait`` seconds; raise LeaseUnavailable if held."""
@@ -223,7 +231,8 @@ class Lease:
             return False
         self._state = "released"
         try:
-            return await self.backend.release(self.key, self.token)
+            async with asyncio.timeout(self._release_budget()):
+                return await self.backend.release(self.key, self.token)
         except Exception:
             log.warning("could not release lease %r; it expires in %.1fs", self.key, self.ttl)
             return False
@@ -257,12 +266,26 @@ class Lease:
             return await self.backend.acquire(self.key, self.token, self._ttl_ms)
         except asyncio.CancelledError:
             # The command may have reached the server: never leave a key we might hold.
-            asyncio.get_running_loop().create_task(self._release_quietly())
+            task = asyncio.get_running_loop().create_task(self._release_quietly())
+            _background.add(task)  # the loop holds tasks weakly: keep it until it is done
+            task.add_done_callback(_background.discard)
             raise
 
     async def _release_quietly(self) -> None:
         with contextlib.suppress(Exception):
-            await self.backend.release(self.key, self.token)
+            async with asyncio.timeout(self.ttl):  # past that the key has expired anyway
+                await self.backend.release(self.key, self.token)
+
+    def _release_budget(self) -> float:
+        """How long a release may take. A release that cannot reach the server must not hold
+        the caller (the job slot, a shutdown) hostage to the client's socket timeouts and
+        retries: past the lease's confirmed expiry the key is gone by itself, and a lost
+        lease (usually lost because the server is unreachable) gets one short try."""
+        floor = min(self.ttl, 0.25)
+        if self.lost_reason is not None:
+            return floor
+        remaining = self._expires_mono - asyncio.get_running_loop().time()
+        return max(floor, min(remaining, self.renew_every))
 
     async def _release_shielded(self) -> None:
         task = asyncio.ensure_future(self.release())
@@ -319,6 +342,11 @@ class Lease:
                     self.renewals += 1
                     self._expires_mono = sent + self.ttl
                     self._next_renew = sent + self.renew_every
+                    for callback in self._on_renewed:
+                        try:
+                            callback(self)
+                        except Exception:
+                            log.exception("lease-renewed callback failed")
                 return
         finally:
             self._renewing = False

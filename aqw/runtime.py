@@ -21,13 +21,15 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from opentelemetry.trace import Status, StatusCode
 from pydantic import ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._ids import consumer_name
+from ._keys import QueueKeys
 from ._stats import SlidingStats
-from .brokers.base import Delivery, Failure
+from .brokers.base import Delivery, Failure, QueueDepth
 from .context import Context
 from .errors import (
     ConfigError,
@@ -42,6 +44,14 @@ from .errors import (
 from .failures import ErrorTracker, RunawayGuard
 from .job import Job
 from .lease import Lease, LeaseKeeper
+from .telemetry import (
+    ATTR_DLQ_REASON,
+    ATTR_RETRY_DELAY,
+    EVENT_STUCK,
+    JobTrace,
+    Telemetry,
+    now_ns,
+)
 
 if TYPE_CHECKING:
     from .app import App
@@ -77,11 +87,12 @@ class WorkerStats:
 class _Run:
     """A job while it runs here: what ``app.job_status`` and the watchdog see."""
 
-    __slots__ = ("job", "lease", "message", "progress", "published", "started", "timer")
+    __slots__ = ("job", "lease", "message", "progress", "published", "started", "timer", "trace")
 
-    def __init__(self, job: Job, lease: Lease) -> None:
+    def __init__(self, job: Job, lease: Lease, trace: JobTrace) -> None:
         self.job = job
         self.lease = lease
+        self.trace = trace
         self.started = time.time()
         self.progress = 0.0
         self.message = ""
@@ -171,6 +182,9 @@ class Worker:
         self.window = SlidingStats()
         self.heartbeat = heartbeat
         self._stuck_reported: set[str] = set()
+        self.tel = app.telemetry
+        self._depth: QueueDepth | None = None
+        self._background: set[asyncio.Task[Any]] = set()
         self.state = "idle"  # idle -> running -> stopping -> stopped
         self.started_at = 0.0
         self._in_flight = 0
@@ -221,6 +235,7 @@ class Worker:
         ]
         if self.handle_signals:
             self._install_signal_handlers()
+        self.tel.add_gauges(self._gauges)
         log.info(
             "worker %s started: queue=%r concurrency=%d tasks=%s",
             self.name, self.app.queue, self.concurrency, ", ".join(sorted(self.app.tasks)),
@@ -263,6 +278,7 @@ class Worker:
                     task.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
         await self.keeper.close()
+        self.tel.remove_gauges(self._gauges)
         with contextlib.suppress(Exception):
             await self.broker.remove_heartbeat(self.name)
         if self.handle_signals:
@@ -301,7 +317,12 @@ class Worker:
                 await self._slot_free.wait()
                 continue
             try:
+                fetch_started = now_ns() if self.tel.tracing else 0
                 deliveries = await self.broker.fetch(want, block=0.25 if self.burst else 2.0)
+                if fetch_started and deliveries:
+                    received = (fetch_started, now_ns())
+                    for delivery in deliveries:
+                        delivery.received = received
             except TRANSIENT as exc:
                 delay = backoff.next()
                 log.warning("fetch failed (%r); retrying in %.2fs", exc, delay)
@@ -380,9 +401,18 @@ class Worker:
                     await self.broker.publish_heartbeat(
                         self.name, self.summary(), ttl=self.heartbeat * 3
                     )
+                    if self.tel.metering:
+                        self._depth = await self.broker.depth()
                 except TRANSIENT as exc:
                     log.warning("could not publish the worker heartbeat (%r)", exc)
             await asyncio.sleep(min(self.heartbeat, 1.0))
+
+    def _gauges(self) -> list[tuple[str, float, dict[str, Any]]]:
+        readings = [("aqw.worker.in_flight", float(self._in_flight),
+                     {**self.tel._attrs(None), "aqw.worker": self.name})]  # fmt: skip
+        if self._depth is not None:
+            readings += self.tel.depth_readings(self._depth)
+        return readings
 
     def stuck_jobs(self) -> list[dict[str, Any]]:
         """Jobs running longer than twice their task's ``sla``."""
@@ -403,6 +433,10 @@ class Worker:
                 continue
             self._stuck_reported.add(stuck["job_id"])
             self.stats.stuck += 1
+            self.tel.count("aqw.jobs.stuck", stuck["task"])
+            run = self._running.get(stuck["job_id"])
+            if run is not None:
+                run.trace.event(EVENT_STUCK, {"aqw.sla": stuck["sla"]})
             log.warning(
                 "job %s (%s) is stuck: running %.1fs, more than 2x its SLA of %.1fs",
                 stuck["job_id"], stuck["task"], stuck["running_for"], stuck["sla"],
@@ -492,10 +526,19 @@ class Worker:
             keep_alive=partial(self._keep_alive, delivery, job.id),
             keeper=self.keeper,
         )
-        run = _Run(job, lease)
+        tel = self.tel
+        jt = tel.job(job, delivery.received)
+        if tel.metering:
+            tel.observe("aqw.job.wait", max(0.0, time.time() - job.enqueued_at), job.task)
+            lease.on_renewed(lambda _: tel.count("aqw.lease.renewals", job.task))
+            lease.on_lost(lambda _: tel.count("aqw.lease.lost", job.task))
+        run = _Run(job, lease, jt)
+        error: BaseException | None = None
+        lease_started = now_ns() if tel.tracing else 0
         try:
             try:
                 async with lease:
+                    jt.lease_acquired(lease, lease_started)
                     self._running[job.id] = run
                     run.timer = asyncio.get_running_loop().call_later(
                         STATE_AFTER, self._publish_later, run
@@ -504,23 +547,34 @@ class Worker:
                         outcome = _Outcome("skip")
                     else:
                         began = time.perf_counter()
-                        outcome = await self._run_handler(task, job, payload, lease)
-                        self.window.duration(time.perf_counter() - began)
+                        with jt.handler() as span:
+                            outcome = await self._run_handler(task, job, payload, lease)
+                            if outcome.error is not None and span is not None:
+                                span.record_exception(outcome.error)
+                                span.set_status(Status(StatusCode.ERROR, _describe(outcome.error)))
+                        elapsed = time.perf_counter() - began
+                        self.window.duration(elapsed)
+                        tel.observe("aqw.job.duration", elapsed, job.task)
                     lease._hand_over()
             except LeaseUnavailable:
                 # Another holder is running this job: leave the delivery alone.
                 self.stats.lease_busy += 1
+                jt.lease_refused(lease_started)
                 return
             except LeaseLost as exc:
                 self.stats.lease_lost += 1
+                error = exc
                 log.warning("job %s (%s): %s; not acknowledged", job.id, job.task, exc)
                 return
             except asyncio.CancelledError:
+                jt.settled("requeue")
                 await self._give_back(delivery)
                 raise
-            await self._settle(task, delivery, job, lease, outcome)
+            error = outcome.error
+            await self._settle(task, delivery, job, lease, outcome, jt)
         finally:
             self._finish_run(run)
+            jt.end(error)
 
     def _finish_run(self, run: _Run) -> None:
         if self._running.get(run.job.id) is run:
@@ -546,7 +600,9 @@ class Worker:
             except Exception as exc:
                 log.debug("background step failed: %r", exc)
 
-        asyncio.get_running_loop().create_task(quietly())
+        task = asyncio.get_running_loop().create_task(quietly())
+        self._background.add(task)  # the loop holds tasks weakly
+        task.add_done_callback(self._background.discard)
 
     async def _keep_alive(self, delivery: Delivery, job_id: str) -> bool:
         alive = await self.broker.keep_alive(delivery)
@@ -569,7 +625,7 @@ class Worker:
         except MalformedJob as exc:
             self.stats.malformed += 1
             log.error("message %s is malformed: %s", delivery.id, exc)
-            asyncio.get_running_loop().create_task(self._dead_letter(delivery, exc))
+            self._spawn(self._dead_letter(delivery, exc))
             return None
         return delivery.job
 
@@ -601,18 +657,27 @@ class Worker:
         return _Outcome("ok")
 
     async def _settle(
-        self, task: Task[Any], delivery: Delivery, job: Job, lease: Lease, outcome: _Outcome
+        self,
+        task: Task[Any],
+        delivery: Delivery,
+        job: Job,
+        lease: Lease,
+        outcome: _Outcome,
+        jt: JobTrace,
     ) -> None:
         if outcome.kind in ("ok", "skip"):
             if await self._with_retries(partial(self.broker.ack, delivery, lease)):
+                jt.settled("ack" if outcome.kind == "ok" else "skip")
                 if outcome.kind == "skip":
                     self.stats.duplicates_skipped += 1
                     self.window.count("skipped")
+                    self.tel.count("aqw.jobs.duplicates_skipped", task.name)
                     log.info("job %s (%s) already completed under key %r; skipped",
                              job.id, job.task, job.key)  # fmt: skip
                 else:
                     self.stats.processed += 1
                     self.window.count("processed")
+                    self.tel.count("aqw.jobs.processed", task.name)
                     self.runaway.record(task.name, False)
             else:
                 self._lost_at_settle(job)
@@ -621,6 +686,7 @@ class Worker:
         assert error is not None
         self.stats.failed += 1
         self.window.count("failed")
+        self.tel.count("aqw.jobs.failed", task.name)
         self.errors.record(error, task.name, getattr(task.fn, "__code__", None))
         policy = task.options.retry
         if outcome.kind == "retry" and policy.retries_left(job.attempt):
@@ -636,14 +702,18 @@ class Worker:
             )  # fmt: skip
             retry = partial(self.broker.retry, delivery, nxt, time.time() + delay, lease)
             if await self._with_retries(retry):
+                jt.settled("retry", {ATTR_RETRY_DELAY: delay})
                 self.stats.retried += 1
                 self.window.count("retried")
+                self.tel.count("aqw.jobs.retried", task.name)
                 self.runaway.record(task.name, True)
             else:
                 self._lost_at_settle(job)
             return
         self.runaway.record(task.name, False)
-        if not await self._dead_letter(delivery, error, lease):
+        if await self._dead_letter(delivery, error, lease):
+            jt.settled("dead_letter", {ATTR_DLQ_REASON: _describe(error)})
+        else:
             self._lost_at_settle(job)
 
     def _lost_at_settle(self, job: Job) -> None:
@@ -675,6 +745,7 @@ class Worker:
         if ok:
             self.stats.dead += 1
             self.window.count("dead")
+            self.tel.count("aqw.jobs.dead_lettered", job.task if job else None)
         return ok
 
     async def _give_back(self, delivery: Delivery) -> None:
@@ -717,9 +788,35 @@ class Worker:
     # -- handler helpers -------------------------------------------------------------------
 
     def resource_lock(self, name: str, *, ttl: float, wait: float | None) -> Lease:
-        """A lease on a named resource of this queue, renewed by this worker's keeper."""
-        key = f"aqw:{{{self.app.queue}}}:lock:{name}"
-        return Lease(self.broker.lease_backend(), key, ttl=ttl, wait=wait, keeper=self.keeper)
+        """A lease on a named resource of this queue, renewed by this worker's keeper;
+        its acquisitions are traced and its contention counted."""
+        key = QueueKeys(self.app.queue).lock(name)
+        return _ResourceLock(
+            self.tel, name, self.broker.lease_backend(), key, ttl=ttl, wait=wait,
+            keeper=self.keeper,
+        )  # fmt: skip
+
+
+class _ResourceLock(Lease):
+    """A handler's resource lease that reports contention (refused or waited acquisitions,
+    and the time waited) to telemetry."""
+
+    def __init__(self, tel: Telemetry, name: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._tel = tel
+        self._name = name
+
+    async def acquire(self) -> None:
+        with self._tel.lock(self._name):
+            try:
+                await super().acquire()
+            except LeaseUnavailable as exc:
+                self._tel.count("aqw.lock.contended")
+                self._tel.observe("aqw.lock.wait", exc.waited)
+                raise
+        if self.waited > 0:
+            self._tel.count("aqw.lock.contended")
+            self._tel.observe("aqw.lock.wait", self.waited)
 
 
 def vars_of(obj: Any) -> dict[str, Any]:

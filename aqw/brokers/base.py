@@ -30,6 +30,8 @@ class Delivery:
     receipt: Any = None
     job: Job | None = None
     attributes: dict[str, str] = field(default_factory=dict)
+    #: (start, end) of the fetch that delivered it, in ns, when tracing is on.
+    received: tuple[int, int] | None = None
 
 
 @dataclass(slots=True, frozen=True)
