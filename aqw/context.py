@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
 from .lease import Lease
 
 if TYPE_CHECKING:
+    from .idempotency import SqlCompletionStore
     from .job import Job
     from .runtime import Worker
 
@@ -76,3 +78,13 @@ class Context:
         if not name:
             raise ConfigError("ctx.lock(name): name must be a non-empty string")
         return self.worker.resource_lock(name, ttl=ttl, wait=wait)
+
+    def effect(
+        self, conn: Any, store: SqlCompletionStore | None = None, *, key: str | None = None
+    ) -> AbstractAsyncContextManager[bool]:
+        """Guard this job's write to a SQL datastore so it commits once:
+        ``async with conn.transaction(), ctx.effect(conn) as first_time:`` (write only when
+        ``first_time``). Fenced by the job lease; see :mod:`aqw.idempotency`."""
+        from .idempotency import context_effect
+
+        return context_effect(self, conn, store, key=key)

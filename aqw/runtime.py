@@ -64,6 +64,9 @@ TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionError, TimeoutEr
 
 FIRST_FAILURE = "aqw-first-failure"
 
+#: In burst mode, delayed jobs due within this many seconds are waited for.
+BURST_HORIZON = 10.0
+
 
 @dataclass(slots=True)
 class WorkerStats:
@@ -348,8 +351,16 @@ class Worker:
             depth = await self.broker.depth()
         except TRANSIENT:
             return
-        due_soon = self._next_due is not None and self._next_due - time.time() < 10.0
-        if depth.waiting == 0 and depth.in_flight == 0 and not due_soon:
+        if depth.waiting or depth.in_flight:
+            return
+        if depth.delayed:
+            try:
+                wait = await self.broker.promote_due()
+            except TRANSIENT:
+                return
+            if wait is not None and wait < BURST_HORIZON:
+                return  # a retry or delayed job is due soon: it is part of this burst
+        if not self._buffer and not self._in_flight:
             log.info("burst: the queue is empty; stopping")
             self._stop.set()
 
@@ -645,6 +656,8 @@ class Worker:
                     if not scope.expired():
                         raise
                     raise JobTimeout(f"handler ran longer than its timeout of {timeout}s") from None
+        except LeaseLost:
+            raise  # e.g. refused by a fenced datastore write: not a failure of the job
         except Reject as exc:
             return _Outcome("dead", exc)
         except Retry as exc:

@@ -135,7 +135,7 @@ class MemoryBroker(Broker):
 
     async def publish_unique(self, job: Job, ttl: float, run_at: float | None) -> tuple[str, bool]:
         assert job.key is not None
-        existing = self._record(f"key:{job.key}")
+        existing = self._record(f"key:{job.key}") or self._record(f"done:{job.key}")
         if existing is not None:
             return existing, True
         self._q.records[f"key:{job.key}"] = (job.id, time.monotonic() + ttl)
@@ -208,7 +208,10 @@ class MemoryBroker(Broker):
         return True
 
     def _settle(self, delivery: Delivery, lease: Lease | None) -> bool:
-        """The shared first half of every settle step: refuse if another holder owns it."""
+        """The shared first half of every settle step: refuse if another holder owns it or
+        has already settled it."""
+        if delivery.id not in self._q.pending:
+            return False
         if lease is not None:
             owner = self._q.leases.owner(lease.key)
             if owner is not None and owner != lease.token:

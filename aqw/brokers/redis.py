@@ -118,7 +118,12 @@ class RedisBroker(Broker):
         due = int(run_at * 1000) if run_at is not None else 0
         job_id, duplicate = await self.batcher.script(
             self._unique,
-            [self.keys.idempotency(job.key), self.keys.stream, self.keys.delayed],
+            [
+                self.keys.idempotency(job.key),
+                self.keys.stream,
+                self.keys.delayed,
+                self.keys.done(job.key),
+            ],
             [job.id, max(1, int(ttl * 1000)), job.encode(), due],
         )
         return _text(job_id), bool(duplicate)

@@ -1,7 +1,7 @@
 -- Settle finished jobs: acknowledge and delete each entry (the stream only keeps unfinished
 -- work, so it stays bounded), release its lease, write its completion record when the job has
--- an idempotency key, count it. An entry whose lease another holder has taken is refused:
--- that holder now owns the job and settles it.
+-- an idempotency key, count it. An entry whose lease another holder has taken, or that is no
+-- longer pending (another holder settled it), is refused: that holder owns the job.
 -- KEYS[1] stream, KEYS[2] stats hash, then per job: lease key, completion record key
 -- ARGV[1] group, then per job: entry id, lease token ('' for none), record ttl in ms (0: none),
 --   job id
@@ -14,10 +14,10 @@ for i = 0, n - 1 do
   local a = 2 + i * 4
   local entry, token, ttl, job = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3]
   local cur = redis.call('GET', lease)
-  if cur and cur ~= token then
+  if (cur and cur ~= token) or redis.call('XACK', KEYS[1], ARGV[1], entry) == 0 then
+    -- another holder owns the lease, or already settled the entry
     out[#out + 1] = 0
   else
-    redis.call('XACK', KEYS[1], ARGV[1], entry)
     redis.call('XDEL', KEYS[1], entry)
     if cur then
       redis.call('DEL', lease)

@@ -8,13 +8,16 @@ local cur = redis.call('GET', KEYS[3])
 if cur and cur ~= ARGV[2] then
   return false
 end
+-- No longer pending: another holder settled it after this one's lease expired.
+if ARGV[3] ~= '' and redis.call('XACK', KEYS[1], ARGV[1], ARGV[3]) == 0 then
+  return false
+end
 local fields = {}
 for i = 5, #ARGV do
   fields[#fields + 1] = ARGV[i]
 end
 local id = redis.call('XADD', KEYS[2], '*', unpack(fields))
 if ARGV[3] ~= '' then
-  redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
   redis.call('XDEL', KEYS[1], ARGV[3])
 end
 if cur then

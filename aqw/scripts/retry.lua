@@ -9,8 +9,11 @@ local cur = redis.call('GET', KEYS[3])
 if cur and cur ~= ARGV[2] then
   return 0
 end
+-- No longer pending: another holder settled it after this one's lease expired.
+if redis.call('XACK', KEYS[1], ARGV[1], ARGV[3]) == 0 then
+  return 0
+end
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[5])
-redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
 redis.call('XDEL', KEYS[1], ARGV[3])
 if cur then
   redis.call('DEL', KEYS[3])
