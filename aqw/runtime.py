@@ -226,6 +226,7 @@ class Worker:
         if not self.app.tasks:
             raise ConfigError("the app registers no tasks: nothing to run")
         await self.broker.connect()
+        self.broker.expect_lease_ttl(self._max_ttl)
         await self.broker.start_consuming(self.name)
         self.state = "running"
         self.started_at = time.time()
@@ -358,8 +359,10 @@ class Worker:
                 wait = await self.broker.promote_due()
             except TRANSIENT:
                 return
-            if wait is not None and wait < BURST_HORIZON:
-                return  # a retry or delayed job is due soon: it is part of this burst
+            if wait is None or wait < BURST_HORIZON:
+                # Due soon (a retry, a delayed job: part of this burst), or just moved to
+                # the queue by this very call: look again on the next pass.
+                return
         if not self._buffer and not self._in_flight:
             log.info("burst: the queue is empty; stopping")
             self._stop.set()

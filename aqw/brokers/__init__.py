@@ -30,7 +30,7 @@ def from_url(url: str, queue: str = "default") -> Broker:
         return RedisBroker(plain, name)
     if scheme == "sqs":
         try:
-            from .sqs import SQSBroker  # type: ignore[import-not-found,unused-ignore]
+            from .sqs import SQSBroker
         except ImportError as exc:  # pragma: no cover - depends on installed extras
             raise ConfigError(
                 "the sqs:// broker needs the 'sqs' extra: pip install 'aqw[sqs]'"

@@ -132,6 +132,11 @@ class Broker(abc.ABC):
         """Register this process as consumer ``consumer``."""
         self.consumer = consumer
 
+    def expect_lease_ttl(self, seconds: float) -> None:
+        """The longest job lease the runtime will take (a hint for brokers whose delivery
+        is itself a lease, such as SQS visibility). Others ignore it."""
+        return None
+
     # -- producing -------------------------------------------------------------------------
 
     @abc.abstractmethod
