@@ -1,0 +1,89 @@
+"""Sending jobs: SendMessage(Batch) entries, DelaySeconds and not-before for long delays, FIFO
+group and deduplication ids."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Sequence
+
+from ...errors import ConfigError
+from ...job import Job
+from ._base import _SQSBase
+from ._errors import SQSUnavailable
+from ._limits import MAX_BATCH, MAX_DELAY
+from ._messages import NOT_BEFORE, Entry, _dedup_id, _typed
+
+
+class _Producer(_SQSBase):
+    """SQSBroker's ``publish`` and ``schedule``."""
+
+    async def publish(self, jobs: Sequence[Job]) -> None:
+        await self._ensure()
+        await self._send(self.queue_url, [self._entry(job) for job in jobs])
+
+    async def schedule(self, jobs: Sequence[Job], run_at: float) -> None:
+        await self._ensure()
+        delay = run_at - time.time()
+        if delay <= 0:
+            await self.publish(jobs)
+            return
+        if self.fifo:
+            raise ConfigError(
+                f"SQS FIFO queue {self.queue!r} does not allow per-message delays: enqueue "
+                "without delay=/at=, or set the queue's DelaySeconds attribute"
+            )
+        seconds = math.ceil(delay)
+        if seconds <= MAX_DELAY:
+            entries = [self._entry(job, seconds) for job in jobs]
+        else:
+            entries = [self._entry(job, MAX_DELAY, run_at) for job in jobs]
+        await self._send(self.queue_url, entries)
+
+    def _entry(self, job: Job, delay: int = 0, not_before: float | None = None) -> Entry:
+        attrs = {"aqw-job-id": job.id, "aqw-task": job.task, "aqw-attempt": str(job.attempt)}
+        for name in ("traceparent", "tracestate"):
+            if job.headers.get(name):
+                attrs[name] = job.headers[name]
+        if not_before is not None:
+            attrs[NOT_BEFORE] = repr(not_before)
+        entry: Entry = {"MessageBody": job.encode().decode(), "MessageAttributes": _typed(attrs)}
+        if delay:
+            entry["DelaySeconds"] = delay
+        if self.fifo:
+            entry["MessageGroupId"] = job.headers.get("aqw-group") or job.task
+            entry["MessageDeduplicationId"] = _dedup_id(job.key or job.id)
+        return entry
+
+    async def _send(self, url: str, entries: list[Entry]) -> None:
+        """SendMessageBatch in chunks of 10 (and < 240 KiB), sent concurrently. Not atomic:
+        SQS has no transactions, so a failure can leave earlier chunks sent."""
+        chunks: list[list[Entry]] = []
+        size = 0
+        for entry in entries:
+            n = len(entry["MessageBody"]) + len(json.dumps(entry.get("MessageAttributes", {})))
+            if not chunks or len(chunks[-1]) >= MAX_BATCH or size + n > 240_000:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(entry)
+            size += n
+        await asyncio.gather(*(self._send_chunk(url, chunk) for chunk in chunks))
+
+    async def _send_chunk(self, url: str, chunk: list[Entry]) -> None:
+        if len(chunk) == 1:
+            await self._call("send_message", QueueUrl=url, **chunk[0])
+            return
+        entries = [{**entry, "Id": str(i)} for i, entry in enumerate(chunk)]
+        reply = await self._call("send_message_batch", QueueUrl=url, Entries=entries)
+        for failure in reply.get("Failed", []):
+            entry = chunk[int(failure["Id"])]
+            for attempt in range(3):
+                await asyncio.sleep(0.05 * 2**attempt)
+                try:
+                    await self._call("send_message", QueueUrl=url, **entry)
+                    break
+                except SQSUnavailable:
+                    if attempt == 2:
+                        raise
