@@ -25,6 +25,7 @@ from .app import App
 from .brokers import from_url
 from .dlq import dead_job_json
 from .errors import AqwError, ConfigError
+from .telemetry import configure_otel, shutdown_otel
 
 log = logging.getLogger("aqw.cli")
 
@@ -102,6 +103,8 @@ def resolve_app(args: argparse.Namespace, *, need_app: bool = True) -> App:
 
 async def cmd_worker(args: argparse.Namespace) -> int:
     app = resolve_app(args)
+    if configure_otel("aqw-worker"):
+        log.info("OpenTelemetry SDK configured from OTEL_* environment variables")
     concurrency = args.concurrency or _env_int("AQW_CONCURRENCY", 100)
     prefetch = args.prefetch if args.prefetch is not None else _env_int("AQW_PREFETCH", 0)
     grace = args.grace if args.grace is not None else _env_float("AQW_GRACE", 30.0)
@@ -117,6 +120,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
         await worker.run()
     finally:
         await app.close()
+        shutdown_otel()
     elapsed = time.perf_counter() - started
     s = worker.stats
     print(
