@@ -7,6 +7,7 @@ graceful shutdown.
 
 from .app import App
 from .brokers.base import Broker, DeadJob, QueueDepth
+from .cache import Cache, CacheEntry
 from .context import Context
 from .dlq import DeadLetters
 from .errors import (
@@ -21,11 +22,14 @@ from .errors import (
     Retry,
     UnknownTask,
 )
+from .idempotency import SqlCompletionStore
 from .job import Job
 from .lease import Lease, LeaseBackend, LeaseKeeper, RedisLeaseBackend
+from .redlock import RedlockBackend
 from .retry import RetryPolicy
 from .runtime import Worker, WorkerStats
 from .task import Enqueued, Task
+from .telemetry import Telemetry
 
 __version__ = "0.1.0"
 
@@ -34,6 +38,8 @@ __all__ = [
     "AqwError",
     "Broker",
     "BrokerUnavailable",
+    "Cache",
+    "CacheEntry",
     "ConfigError",
     "Context",
     "DeadJob",
@@ -49,10 +55,13 @@ __all__ = [
     "MalformedJob",
     "QueueDepth",
     "RedisLeaseBackend",
+    "RedlockBackend",
     "Reject",
     "Retry",
     "RetryPolicy",
+    "SqlCompletionStore",
     "Task",
+    "Telemetry",
     "UnknownTask",
     "Worker",
     "WorkerStats",

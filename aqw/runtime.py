@@ -32,6 +32,7 @@ from ._stats import SlidingStats
 from .brokers.base import Delivery, Failure, QueueDepth
 from .context import Context
 from .errors import (
+    BrokerUnavailable,
     ConfigError,
     JobTimeout,
     LeaseLost,
@@ -225,7 +226,12 @@ class Worker:
             raise RuntimeError("a Worker can be started once")
         if not self.app.tasks:
             raise ConfigError("the app registers no tasks: nothing to run")
-        await self.broker.connect()
+        try:
+            await self.broker.connect()
+        except TRANSIENT as exc:
+            raise BrokerUnavailable(
+                f"cannot reach the {self.broker.system} broker of queue {self.app.queue!r}: {exc}"
+            ) from exc
         self.broker.expect_lease_ttl(self._max_ttl)
         await self.broker.start_consuming(self.name)
         self.state = "running"

@@ -1,0 +1,61 @@
+"""The public API is what ``aqw/__init__.py`` exports, no more: it cannot grow by accident."""
+
+import aqw
+
+EXPECTED = [
+    "App",
+    "AqwError",
+    "Broker",
+    "BrokerUnavailable",
+    "Cache",
+    "CacheEntry",
+    "ConfigError",
+    "Context",
+    "DeadJob",
+    "DeadLetters",
+    "Enqueued",
+    "Job",
+    "JobTimeout",
+    "Lease",
+    "LeaseBackend",
+    "LeaseKeeper",
+    "LeaseLost",
+    "LeaseUnavailable",
+    "MalformedJob",
+    "QueueDepth",
+    "RedisLeaseBackend",
+    "RedlockBackend",
+    "Reject",
+    "Retry",
+    "RetryPolicy",
+    "SqlCompletionStore",
+    "Task",
+    "Telemetry",
+    "UnknownTask",
+    "Worker",
+    "WorkerStats",
+    "__version__",
+]
+
+
+def test_all_is_the_documented_list() -> None:
+    assert aqw.__all__ == EXPECTED
+
+
+def test_every_name_is_importable_and_documented() -> None:
+    for name in aqw.__all__:
+        obj = getattr(aqw, name)
+        if name != "__version__":
+            assert obj.__doc__, f"aqw.{name} has no docstring"
+
+
+def test_version_matches_the_package_metadata() -> None:
+    from importlib.metadata import version
+
+    assert aqw.__version__ == version("aqw")
+
+
+def test_py_typed_is_shipped() -> None:
+    from importlib import resources
+
+    assert resources.files("aqw").joinpath("py.typed").is_file()
