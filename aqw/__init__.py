@@ -25,6 +25,7 @@ from .errors import (
 from .idempotency import SqlCompletionStore
 from .job import Job
 from .lease import Lease, LeaseBackend, LeaseKeeper, RedisLeaseBackend
+from .monitor import Alert, CallbackSink, LogSink, Monitor, Sink, WebhookSink
 from .redlock import RedlockBackend
 from .retry import RetryPolicy
 from .runtime import Worker, WorkerStats
@@ -34,12 +35,14 @@ from .telemetry import Telemetry
 __version__ = "0.1.0"
 
 __all__ = [
+    "Alert",
     "App",
     "AqwError",
     "Broker",
     "BrokerUnavailable",
     "Cache",
     "CacheEntry",
+    "CallbackSink",
     "ConfigError",
     "Context",
     "DeadJob",
@@ -52,17 +55,21 @@ __all__ = [
     "LeaseKeeper",
     "LeaseLost",
     "LeaseUnavailable",
+    "LogSink",
     "MalformedJob",
+    "Monitor",
     "QueueDepth",
     "RedisLeaseBackend",
     "RedlockBackend",
     "Reject",
     "Retry",
     "RetryPolicy",
+    "Sink",
     "SqlCompletionStore",
     "Task",
     "Telemetry",
     "UnknownTask",
+    "WebhookSink",
     "Worker",
     "WorkerStats",
     "__version__",

@@ -56,6 +56,11 @@ class QueueKeys:
         """The enqueue record of idempotency key ``key``."""
         return f"{self.tag}:key:{key}"
 
+    @property
+    def running(self) -> str:
+        """The index of published job states: job ids scored by start time."""
+        return f"{self.tag}:running"
+
     def job_state(self, job_id: str) -> str:
         """The running state of job ``job_id`` (expires with its lease)."""
         return f"{self.tag}:job:{job_id}"

@@ -229,6 +229,7 @@ class App:
         grace: float = 30.0,
         burst: bool = False,
         handle_signals: bool = False,
+        heartbeat: float = 5.0,
     ) -> Worker:
         """A worker for this app, used as ``async with app.worker(concurrency=64):``.
 
@@ -240,6 +241,8 @@ class App:
                 and handed back for immediate redelivery.
             burst: stop by itself once the queue is empty.
             handle_signals: stop gracefully on SIGINT/SIGTERM.
+            heartbeat: seconds between the worker's published summaries (for
+                ``aqw status`` and the monitor).
         """
         from .runtime import Worker
 
@@ -250,6 +253,7 @@ class App:
             grace=grace,
             burst=burst,
             handle_signals=handle_signals,
+            heartbeat=heartbeat,
         )
 
     @property

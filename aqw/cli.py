@@ -1,4 +1,4 @@
-"""The ``aqw`` command line: ``worker``, ``enqueue``, ``status`` and ``dlq``.
+"""The ``aqw`` command line: ``worker``, ``enqueue``, ``status``, ``monitor`` and ``dlq``.
 
 Settings come from arguments first, then ``AQW_*`` environment variables (``AQW_APP``,
 ``AQW_BROKER``, ``AQW_QUEUE``, ``AQW_CONCURRENCY``, ``AQW_PREFETCH``, ``AQW_GRACE``,
@@ -15,12 +15,14 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
+from . import monitor as monitor_cli
+from . import status as status_cli
 from .app import App
 from .brokers import from_url
 from .dlq import dead_job_json
@@ -148,25 +150,6 @@ async def cmd_enqueue(args: argparse.Namespace) -> int:
     return 0
 
 
-async def cmd_status(args: argparse.Namespace) -> int:
-    app = resolve_app(args, need_app=False)
-    try:
-        depth = await app.broker.depth()
-        stats = await app.broker.stats()
-    finally:
-        await app.close()
-    report: dict[str, Any] = {"queue": app.queue, **depth.as_dict(), "counters": stats}
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(f"queue {app.queue}")
-        for name in ("waiting", "in_flight", "delayed", "dead"):
-            print(f"  {name:<10} {report[name]}")
-        for name, value in sorted(stats.items()):
-            print(f"  {name:<10} {value}")
-    return 0
-
-
 async def cmd_dlq(args: argparse.Namespace) -> int:
     app = resolve_app(args, need_app=False)
     dlq = app.dlq
@@ -255,9 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--key", help="idempotency key")
     e.add_argument("--delay", type=float, help="seconds before the job may run")
 
-    s = sub.add_parser("status", help="queue depth and counters")
-    _add_target(s, positional_app=False)
-    s.add_argument("--json", action="store_true")
+    status_cli.add_parser(sub)
+    monitor_cli.add_parser(sub)
 
     d = sub.add_parser("dlq", help="dead-letter queue: list, show, replay, purge")
     dsub = d.add_subparsers(dest="dlq_command", required=True)
@@ -285,7 +267,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMMANDS = {"worker": cmd_worker, "enqueue": cmd_enqueue, "status": cmd_status, "dlq": cmd_dlq}
+COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
+    "worker": cmd_worker,
+    "enqueue": cmd_enqueue,
+    "status": status_cli.run,
+    "monitor": monitor_cli.run,
+    "dlq": cmd_dlq,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -709,7 +709,8 @@ class Worker:
         self.stats.failed += 1
         self.window.count("failed")
         self.tel.count("aqw.jobs.failed", task.name)
-        self.errors.record(error, task.name, getattr(task.fn, "__code__", None))
+        if not isinstance(error, Retry):  # a requested retry is not an error
+            self.errors.record(error, task.name, getattr(task.fn, "__code__", None))
         policy = task.options.retry
         if outcome.kind == "retry" and policy.retries_left(job.attempt):
             delay = outcome.delay

@@ -17,7 +17,16 @@ from ..errors import ConfigError
 from ..job import Job
 from ..lease import Lease, LeaseBackend
 
+#: Heartbeats and running-job states kept in this process, per queue, by brokers that have
+#: no shared store for them (memory; SQS without a lock store).
 _HEARTBEATS: dict[str, dict[str, tuple[dict[str, Any], float]]] = {}
+_JOB_STATES: dict[str, dict[str, tuple[dict[str, str], float]]] = {}
+
+
+def reset_local_state() -> None:
+    """Forget the heartbeats and job states kept in this process (for tests)."""
+    _HEARTBEATS.clear()
+    _JOB_STATES.clear()
 
 
 @dataclass(slots=True)
@@ -116,7 +125,6 @@ class Broker(abc.ABC):
     def __init__(self, queue: str) -> None:
         self.queue = queue
         self.consumer = ""
-        self._local_states: dict[str, tuple[dict[str, str], float]] = {}
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -210,24 +218,26 @@ class Broker(abc.ABC):
     async def set_job_state(self, job_id: str, state: dict[str, str], ttl: float) -> None:
         """Publish the state of a running job for ``ttl`` seconds. This default keeps it in
         the process (enough for an embedded worker); shared brokers store it centrally."""
-        self._local_states[job_id] = (state, time.monotonic() + ttl)
+        _JOB_STATES.setdefault(self.queue, {})[job_id] = (state, time.monotonic() + ttl)
 
     async def clear_job_state(self, job_id: str) -> None:
         """Remove the state of a job that is no longer running."""
-        self._local_states.pop(job_id, None)
+        _JOB_STATES.get(self.queue, {}).pop(job_id, None)
 
     async def job_state(self, job_id: str) -> dict[str, str] | None:
         """The published state of a running job, or None."""
-        entry = self._local_states.get(job_id)
+        states = _JOB_STATES.get(self.queue, {})
+        entry = states.get(job_id)
         if entry is None or entry[1] < time.monotonic():
-            self._local_states.pop(job_id, None)
+            states.pop(job_id, None)
             return None
         return dict(entry[0])
 
     async def job_states(self, limit: int = 1000) -> list[dict[str, str]]:
         """The published states of up to ``limit`` running jobs."""
         now = time.monotonic()
-        live = [dict(state) for state, until in self._local_states.values() if until >= now]
+        states = _JOB_STATES.get(self.queue, {})
+        live = [dict(state) for state, until in states.values() if until >= now]
         return live[:limit]
 
     # -- worker heartbeats (what `aqw status` and the monitor read) -------------------------

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from ..job import Job
 from ..lease import Lease, LeaseBackend
-from .base import Broker, DeadJob, Delivery, Failure, QueueDepth
+from .base import Broker, DeadJob, Delivery, Failure, QueueDepth, reset_local_state
 
 
 class MemoryLeaseBackend:
@@ -93,8 +93,10 @@ _QUEUES: dict[str, _Queue] = {}
 
 
 def reset_memory_queues() -> None:
-    """Forget every in-memory queue of this process (for tests)."""
+    """Forget every in-memory queue of this process, and the heartbeats and job states kept
+    in the process (for tests)."""
     _QUEUES.clear()
+    reset_local_state()
 
 
 class MemoryBroker(Broker):

@@ -260,27 +260,35 @@ class RedisBroker(Broker):
     async def set_job_state(self, job_id: str, state: dict[str, str], ttl: float) -> None:
         key = self.keys.job_state(job_id)
         fields = [x for pair in state.items() for x in pair]
+        started = float(state.get("started_at", 0) or time.time())
         await asyncio.gather(
             self.batcher.execute("HSET", key, *fields),
             self.batcher.execute("PEXPIRE", key, max(1, int(ttl * 1000))),
+            self.batcher.execute("ZADD", self.keys.running, started, job_id),
         )
 
     async def clear_job_state(self, job_id: str) -> None:
-        await self.batcher.execute("DEL", self.keys.job_state(job_id))
+        await asyncio.gather(
+            self.batcher.execute("DEL", self.keys.job_state(job_id)),
+            self.batcher.execute("ZREM", self.keys.running, job_id),
+        )
 
     async def job_state(self, job_id: str) -> dict[str, str] | None:
         raw: Any = await self.client.hgetall(self.keys.job_state(job_id))
         return {_text(k): _text(v) for k, v in raw.items()} or None
 
     async def job_states(self, limit: int = 1000) -> list[dict[str, str]]:
-        out: list[dict[str, str]] = []
-        async for key in self.client.scan_iter(match=self.keys.job_state("*"), count=500):
-            raw: Any = await self.client.hgetall(key)
-            if raw:
-                out.append({_text(k): _text(v) for k, v in raw.items()})
-            if len(out) >= limit:
-                break
-        return out
+        ids: Any = await self.client.zrange(self.keys.running, 0, limit - 1)
+        if not ids:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hgetall(self.keys.job_state(_text(job_id)))
+        states: Any = await pipe.execute()
+        gone = [job_id for job_id, raw in zip(ids, states, strict=True) if not raw]
+        if gone:  # their worker died: the state expired, the index entry stayed
+            await self.client.zrem(self.keys.running, *gone)
+        return [{_text(k): _text(v) for k, v in raw.items()} for raw in states if raw]
 
     async def publish_heartbeat(self, worker: str, data: dict[str, Any], ttl: float) -> None:
         pipe = self.client.pipeline(transaction=False)
