@@ -94,22 +94,36 @@ def _sdk_configured(provider: object) -> bool:
 
 
 class _Instruments:
-    """The meter's instruments, made once per meter provider."""
+    """The meter's instruments, made once per meter provider.
+
+    Counters are observable counters over totals kept here: counting a job is a dict
+    update, and the SDK reads the totals when it collects, instead of aggregating every
+    increment as it happens (several microseconds each, per job)."""
 
     def __init__(self, meter: metrics.Meter) -> None:
         self.meter = meter
-        self.counters: dict[str, metrics.Counter] = {}
+        self.totals: dict[tuple[str, str, str], list[Any]] = {}
         self.histograms: dict[str, metrics.Histogram] = {}
         self.gauge_sources: list[Callable[[], list[tuple[str, float, dict[str, Any]]]]] = []
         for name, (kind, unit, description) in METRICS.items():
             if kind == "counter":
-                self.counters[name] = meter.create_counter(name, unit, description)
+                meter.create_observable_counter(
+                    name, [self._totals(name)], unit=unit, description=description
+                )
             elif kind == "histogram":
                 self.histograms[name] = meter.create_histogram(name, unit, description)
             else:
                 meter.create_observable_gauge(
                     name, [self._observer(name)], unit=unit, description=description
                 )
+
+    def _totals(self, name: str) -> Callable[[CallbackOptions], Iterator[Observation]]:
+        def observe(options: CallbackOptions) -> Iterator[Observation]:
+            for (metric, _, _), (value, attributes) in list(self.totals.items()):
+                if metric == name:
+                    yield Observation(value, attributes)
+
+        return observe
 
     def _observer(self, name: str) -> Callable[[CallbackOptions], Iterator[Observation]]:
         def observe(options: CallbackOptions) -> Iterator[Observation]:
@@ -177,7 +191,12 @@ class Telemetry:
     def count(self, name: str, task: str | None = None, n: int = 1) -> None:
         """Add ``n`` to counter ``name`` (one of :data:`METRICS`)."""
         if self._instruments is not None:
-            self._instruments.counters[name].add(n, self._attrs(task))
+            key = (name, self.queue, task or "")
+            total = self._instruments.totals.get(key)
+            if total is None:
+                self._instruments.totals[key] = [n, self._attrs(task)]
+            else:
+                total[0] += n
 
     def observe(self, name: str, value: float, task: str | None = None) -> None:
         """Record ``value`` in histogram ``name``."""
@@ -240,7 +259,11 @@ class Telemetry:
         """The trace of one job's processing (a no-op when tracing is off)."""
         if not self.tracing:
             return _NO_TRACE
-        return _JobTrace(self, job, fetched)
+        jt = _JobTrace(self, job, fetched)
+        if not jt.span.is_recording():  # sampled out: no children, no events
+            jt.span.end()
+            return _NO_TRACE
+        return jt
 
     def lock(self, name: str) -> AbstractContextManager[Any]:
         """A span around a lock acquisition."""
@@ -304,7 +327,7 @@ class _JobTrace(JobTrace):
             start_time=start,
         )  # fmt: skip
         self.ctx = trace.set_span_in_context(self.span)
-        if fetched:
+        if fetched and self.span.is_recording():
             receive = tel.tracer.start_span(
                 SPAN_RECEIVE.format(queue=tel.queue), context=self.ctx, kind=SpanKind.CONSUMER,
                 attributes={**tel.attributes, ATTR_OPERATION_TYPE: "receive"},

@@ -49,6 +49,7 @@ fi
 # name|pip specs|import check
 # saq 0.26.x imports typing_extensions without declaring it, so it is named here.
 peers=(
+    "aqw|$here/..|import aqw"
     "arq|arq|import arq"
     "taskiq|taskiq taskiq-redis|import taskiq, taskiq_redis"
     "saq|saq[redis,hiredis] typing_extensions|import saq"

@@ -1,0 +1,42 @@
+"""Drive the example FastAPI app (examples/fastapi_app.py) in-process: the lifespan starts
+the worker, a POST enqueues a job, GET /jobs/{id} follows it to completion.
+
+Needs the fastapi extra plus httpx and asgi-lifespan (all in aqw[dev]).
+"""
+
+import asyncio
+import sys
+from pathlib import Path
+
+import httpx
+from asgi_lifespan import LifespanManager
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/
+from fastapi_app import create_app
+
+
+async def main() -> None:
+    api = create_app(broker="memory://", queue="docs-reports")
+    async with LifespanManager(api) as manager:  # what uvicorn does on start and stop
+        transport = httpx.ASGITransport(app=manager.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+            print((await client.get("/health")).json())
+
+            body = {"name": "q3", "seconds": 0.2, "steps": 2}
+            accepted = (await client.post("/jobs", json=body)).json()
+            print("accepted:", accepted)
+
+            for _ in range(100):
+                reply = await client.get(accepted["status"])
+                if reply.status_code == 200 and reply.json()["state"] == "completed":
+                    break
+                await asyncio.sleep(0.05)
+            print("finished:", reply.json()["result"]["name"])
+            assert reply.json()["state"] == "completed"
+
+            bad = await client.post("/jobs", json={"name": ""})
+            assert bad.status_code == 422  # validated before anything is enqueued
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
