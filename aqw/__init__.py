@@ -20,6 +20,7 @@ from .errors import (
     MalformedJob,
     Reject,
     Retry,
+    TooManyDeliveries,
     UnknownTask,
 )
 from .idempotency import SqlCompletionStore
@@ -68,6 +69,7 @@ __all__ = [
     "SqlCompletionStore",
     "Task",
     "Telemetry",
+    "TooManyDeliveries",
     "UnknownTask",
     "WebhookSink",
     "Worker",

@@ -31,9 +31,9 @@ class App:
 
     Args:
         broker: a broker URL (``memory://``, ``redis://host:6379/0``, ``sqs://queue?...``) or a
-            :class:`~aqw.brokers.Broker` instance. Default: the in-process ``memory://``.
+            ``aqw.brokers.Broker`` instance. Default: the in-process ``memory://``.
         queue: the queue name (default ``"default"``).
-        retry: the default :class:`RetryPolicy` of every task.
+        retry: the default ``RetryPolicy`` of every task.
         lease_ttl: default seconds a job's lease lives between renewals.
         timeout: default seconds a handler may run (None: no limit).
         max_deliveries: deliveries without a settle (e.g. the worker crashed mid-job each time)
@@ -41,8 +41,9 @@ class App:
         idempotency_ttl: seconds an idempotency key's enqueue record and its job's
             completion record live: within it, the same key enqueues nothing new and a
             redelivered copy of a finished keyed job is skipped.
-        tracer_provider / meter_provider: OpenTelemetry providers (default: the global ones;
-            with no SDK configured, telemetry is off and costs next to nothing).
+        tracer_provider: an OpenTelemetry tracer provider (default: the global one; with no
+            SDK configured, tracing is off and costs next to nothing).
+        meter_provider: an OpenTelemetry meter provider (default: the global one).
         trace_link: start each job's ``process`` span in a new trace linked to the
             producer's span instead of as its child.
     """
@@ -140,7 +141,7 @@ class App:
         Args:
             name: the task's name on the wire (default: the function's ``__qualname__``).
             max_retries: retries after the first run (overrides the policy's bound).
-            retry: this task's :class:`RetryPolicy` (default: the app's).
+            retry: this task's ``RetryPolicy`` (default: the app's).
             lease_ttl: seconds the job's lease lives between renewals.
             timeout: seconds the handler may run before it is cancelled and retried.
             sla: the expected duration in seconds; a job running past 2x is reported stuck.
@@ -171,7 +172,7 @@ class App:
         return register
 
     def get_task(self, name: str) -> Task[Any]:
-        """The task registered as ``name``; raises :class:`~aqw.errors.UnknownTask`."""
+        """The task registered as ``name``; raises ``aqw.errors.UnknownTask``."""
         try:
             return self.tasks[name]
         except KeyError:

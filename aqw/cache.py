@@ -1,17 +1,17 @@
 """A Redis cache in front of a datastore: single-flight loads and versioned entries.
 
-:class:`Cache` keeps copies of datastore reads in Redis and is built so that a cached copy
+``Cache`` keeps copies of datastore reads in Redis and is built so that a cached copy
 never silently replaces a newer one:
 
-* **Single-flight loading.** :meth:`Cache.get_or_load` on a miss calls the loader in one place
+* **Single-flight loading.** ``Cache.get_or_load`` on a miss calls the loader in one place
   only. Concurrent calls in one process share one load; across processes, one caller takes a
   short lock (``SET lock token NX PX``) and loads while the others poll the key with jittered
   backoff until the value appears (or, after ``wait_timeout``, load by themselves).
 * **Versions.** Every key has a version counter that writers bump after changing the
-  datastore (:meth:`Cache.bump_version`). Each entry records the version it was loaded at.
+  datastore (``Cache.bump_version``). Each entry records the version it was loaded at.
   Stores are compare-and-set in Lua: a value with a version older than the counter or than the
   stored entry is refused. An entry older than the counter is stale and reads as a miss.
-* **Invalidation.** :meth:`Cache.invalidate` deletes the entry and bumps the counter in one
+* **Invalidation.** ``Cache.invalidate`` deletes the entry and bumps the counter in one
   atomic step, so a load that began before it cannot re-insert the old value.
 
 Values are stored as JSON: whatever the loader returns comes back from the cache (and from
@@ -60,7 +60,7 @@ _POLL_MAX = 0.05
 
 @dataclass(frozen=True, slots=True)
 class CacheEntry:
-    """The result of :meth:`Cache.get`.
+    """The result of ``Cache.get``.
 
     Attributes:
         value: the cached value as JSON types (``None`` on a miss, or for a cached ``None``).
@@ -176,7 +176,7 @@ class Cache:
         refused and reported as a miss. Counts one hit or miss.
 
         Returns:
-            A :class:`CacheEntry`; on a miss ``hit`` is False, ``value`` is None and
+            A ``CacheEntry``; on a miss ``hit`` is False, ``value`` is None and
             ``version`` is the key's current version counter.
         """
         keys = self._keys(key)
@@ -198,8 +198,8 @@ class Cache:
         across processes one caller holds a short Redis lock while the others wait for its
         result (at most ``wait_timeout`` seconds, then they load by themselves). The loading
         caller reads the key's version counter *before* calling the loader and stores the
-        result at that version, so a load that raced with :meth:`bump_version` or
-        :meth:`invalidate` is returned to its callers but never cached.
+        result at that version, so a load that raced with ``bump_version`` or
+        ``invalidate`` is returned to its callers but never cached.
 
         A ``None`` result is cached as a tombstone only when ``negative_ttl`` is set.
 
@@ -255,7 +255,7 @@ class Cache:
         """Mark every cached copy of ``key`` stale; call it after writing the datastore.
 
         The current entry (and any store still in flight with an older version) is refused
-        from now on. Pass the returned version to :meth:`put_after_write` to write the new
+        from now on. Pass the returned version to ``put_after_write`` to write the new
         value through.
 
         Returns:
@@ -277,8 +277,8 @@ class Cache:
         Args:
             key: the logical key (non-empty).
             value: a JSON-serialisable value (pydantic models allowed).
-            version: the version the value reflects -- from :meth:`get` (the counter on a
-                miss) or :meth:`bump_version`. ``None`` stores it at the current counter;
+            version: the version the value reflects -- from ``get`` (the counter on a
+                miss) or ``bump_version``. ``None`` stores it at the current counter;
                 use that only for a value known to reflect the latest write.
             ttl: seconds to keep it (default ``default_ttl``).
 
@@ -296,8 +296,8 @@ class Cache:
     ) -> bool:
         """Write-through: cache the value just written to the datastore at ``version``.
 
-        Call it after the datastore write and :meth:`bump_version` (pass the version that
-        returned, or a monotonic row version from the datastore). Like :meth:`put`, it is
+        Call it after the datastore write and ``bump_version`` (pass the version that
+        returned, or a monotonic row version from the datastore). Like ``put``, it is
         compare-and-set: a slower writer holding an older version cannot overwrite a newer
         entry.
 

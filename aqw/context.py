@@ -72,8 +72,8 @@ class Context:
         """A resource lease for use in the handler: ``async with ctx.lock("customer:7"):``.
 
         It is renewed while held, carries its own fencing token, cancels the block and raises
-        :class:`~aqw.LeaseLost` if lost, and waits up to ``wait`` seconds for a busy resource
-        (raising :class:`~aqw.LeaseUnavailable` after that; ``wait=None`` fails fast).
+        ``aqw.LeaseLost`` if lost, and waits up to ``wait`` seconds for a busy resource
+        (raising ``aqw.LeaseUnavailable`` after that; ``wait=None`` fails fast).
         """
         if not name:
             raise ConfigError("ctx.lock(name): name must be a non-empty string")
@@ -84,7 +84,7 @@ class Context:
     ) -> AbstractAsyncContextManager[bool]:
         """Guard this job's write to a SQL datastore so it commits once:
         ``async with conn.transaction(), ctx.effect(conn) as first_time:`` (write only when
-        ``first_time``). Fenced by the job lease; see :mod:`aqw.idempotency`."""
+        ``first_time``). Fenced by the job lease; see ``aqw.idempotency``."""
         from .idempotency import context_effect
 
         return context_effect(self, conn, store, key=key)

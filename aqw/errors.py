@@ -30,7 +30,7 @@ class LeaseUnavailable(AqwError):
     """The lease is held by someone else and could not be acquired in time."""
 
     def __init__(self, key: str, waited: float = 0.0) -> None:
-        detail = f" after waiting {waited:.3f}s" if waited else ""
+        detail = f" after waiting {waited:.3f}s" if waited >= 0.001 else ""
         super().__init__(f"lease {key!r} is held by another owner{detail}")
         self.key = key
         self.waited = waited
@@ -64,6 +64,11 @@ class JobTimeout(AqwError):
 
 class MalformedJob(AqwError):
     """A message could not be decoded into a job (bad JSON, missing fields, bad UTF-8)."""
+
+
+class TooManyDeliveries(AqwError):
+    """A message was delivered more times than ``max_deliveries`` without ever being
+    settled: its worker crashed or was killed each time (a poison message)."""
 
 
 class UnknownTask(AqwError):

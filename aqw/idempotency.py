@@ -18,7 +18,7 @@ the datastore that holds the effect, in the same transaction, behind a unique co
                 if first_time:
                     await conn.execute("INSERT INTO charges ...")
 
-(:func:`context_effect` fills those arguments from the context.)
+(``context_effect`` fills those arguments from the context.)
 
 Entering the block inserts the completion row with ``INSERT ... ON CONFLICT DO NOTHING
 RETURNING``: it yields True the first time and False once the effect has happened (the
@@ -37,15 +37,15 @@ the token into a fences table, keeping the highest token seen per (queue, key)::
     WHERE aqw_fences.token <= EXCLUDED.token
     RETURNING token
 
-No row back means a newer holder has already been here: :class:`~aqw.LeaseLost` is raised,
+No row back means a newer holder has already been here: ``aqw.LeaseLost`` is raised,
 which aborts the block (and, when it propagates, the caller's transaction). The upserted row
 stays locked until the caller commits, so a newer holder's block waits for the older one to
 commit or roll back and then sees its completion row: whichever order the two arrive in, the
 effect is written once and a stale writer never commits after a newer one. When a
-:class:`~aqw.Lease` is passed, it is also checked locally on entry and on exit (lost, or past
+``aqw.Lease`` is passed, it is also checked locally on entry and on exit (lost, or past
 its confirmed expiry) so a holder that knows it lost its lease fails fast.
 
-Rows stay until :meth:`SqlCompletionStore.purge` removes them; they are the datastore's truth
+Rows stay until ``SqlCompletionStore.purge`` removes them; they are the datastore's truth
 and usually outlive the broker's completion records (``App(idempotency_ttl=...)``).
 
 asyncpg is the driver (``pip install aqw[postgres]``); this module does not import it, any
@@ -187,9 +187,9 @@ class SqlCompletionStore:
             job_id: the id of the job writing it (stored for inspection).
             fencing_token: the job lease's fencing token.
             lease: the lease itself; when given, a lease that is lost or past its confirmed
-                expiry raises :class:`~aqw.LeaseLost` on entry and on exit.
+                expiry raises ``aqw.LeaseLost`` on entry and on exit.
             check_fence: compare ``fencing_token`` with the highest token stored for
-                ``(queue, key)`` and raise :class:`~aqw.LeaseLost` when it is lower.
+                ``(queue, key)`` and raise ``aqw.LeaseLost`` when it is lower.
 
         Raises:
             LeaseLost: a newer holder has been here, or ``lease`` is no longer held. Nothing
@@ -289,7 +289,7 @@ def _check_lease(lease: Lease | None, what: str) -> None:
         )
 
 
-#: The store :func:`context_effect` uses when none is given (tables ``aqw_completions`` and
+#: The store ``context_effect`` uses when none is given (tables ``aqw_completions`` and
 #: ``aqw_fences``).
 default_store = SqlCompletionStore()
 
@@ -301,7 +301,7 @@ def context_effect(
     *,
     key: str | None = None,
 ) -> AbstractAsyncContextManager[bool]:
-    """:meth:`SqlCompletionStore.effect` for the job running in ``ctx``.
+    """``SqlCompletionStore.effect`` for the job running in ``ctx``.
 
     ``queue`` is the app's queue, ``key`` defaults to the job's idempotency key or else its
     id, ``job_id`` and ``fencing_token`` come from the job and its lease, and the lease is

@@ -38,7 +38,7 @@ class Job(BaseModel):
 
     @classmethod
     def decode(cls, data: bytes | str) -> Job:
-        """Parse the wire form, raising :class:`MalformedJob` with a readable reason."""
+        """Parse the wire form, raising ``MalformedJob`` with a readable reason."""
         if isinstance(data, bytes):
             try:
                 data = data.decode("utf-8")

@@ -4,7 +4,7 @@
 ``SET key token NX PX ttl`` and a fencing token from ``INCR``, renews it in the background
 every ``ttl/3`` with an atomic compare-token-then-``PEXPIRE``, and releases it on exit with an
 atomic compare-token-then-``DEL``. When a renewal is refused, or cannot succeed before the
-lease would expire, the block is cancelled and :class:`~aqw.LeaseLost` is raised out of the
+lease would expire, the block is cancelled and ``aqw.LeaseLost`` is raised out of the
 ``async with``.
 """
 
@@ -92,15 +92,15 @@ class Lease:
     """An exclusive, renewed, fenced lease on ``key``.
 
     Args:
-        backend: a ``redis.asyncio`` client, or any :class:`LeaseBackend`.
+        backend: a ``redis.asyncio`` client, or any ``LeaseBackend``.
         key: the key to own.
         ttl: seconds the lease lives without renewal.
-        wait: seconds to wait for a held key before raising :class:`~aqw.LeaseUnavailable`;
+        wait: seconds to wait for a held key before raising ``aqw.LeaseUnavailable``;
             ``None`` or ``0`` fails fast.
         renew_every: seconds between renewals (default ``ttl / 3``).
         keep_alive: an extra check run with every renewal; returning False loses the lease
             (the runtime uses it to keep a broker delivery from being reclaimed).
-        keeper: a shared :class:`LeaseKeeper` to renew many leases from one task instead of a
+        keeper: a shared ``LeaseKeeper`` to renew many leases from one task instead of a
             task per lease.
 
     Attributes after entering: ``token`` (secret to this holder), ``fencing_token`` (a strictly
@@ -176,11 +176,20 @@ class Lease:
         if self._state != "new":
             raise RuntimeError("a Lease can be acquired once; create a new one")
         loop = asyncio.get_running_loop()
+        current = asyncio.current_task()
+        cancels = current.cancelling() if current is not None else 0
         started = loop.time()
         delay = 0.005
         while True:
             sent = loop.time()
             fence = await self._acquire_once()
+            if current is not None and current.cancelling() > cancels:
+                # A cancellation arrived during the call but a lower layer swallowed it
+                # (on Python 3.11, ``asyncio.wait_for`` inside redis-py returns a result that
+                # races a cancel instead of raising). Honour it, and keep no key we took.
+                if fence is not None:
+                    self._release_in_background()
+                raise asyncio.CancelledError
             if fence is not None:
                 self.fencing_token = fence
                 self._expires_mono = sent + self.ttl
@@ -266,10 +275,13 @@ class Lease:
             return await self.backend.acquire(self.key, self.token, self._ttl_ms)
         except asyncio.CancelledError:
             # The command may have reached the server: never leave a key we might hold.
-            task = asyncio.get_running_loop().create_task(self._release_quietly())
-            _background.add(task)  # the loop holds tasks weakly: keep it until it is done
-            task.add_done_callback(_background.discard)
+            self._release_in_background()
             raise
+
+    def _release_in_background(self) -> None:
+        task = asyncio.get_running_loop().create_task(self._release_quietly())
+        _background.add(task)  # the loop holds tasks weakly: keep it until it is done
+        task.add_done_callback(_background.discard)
 
     async def _release_quietly(self) -> None:
         with contextlib.suppress(Exception):

@@ -22,8 +22,8 @@ Three rules (``docs/alerts/prometheus-rules.yml`` ships the same rules for Prome
     started longer ago than expected (``stuck_factor`` x the task's sla when the monitor was
     given the app, else ``orphan_after``). It resolves when the job finishes or vanishes.
 
-Alerts fire and resolve; each transition goes to every sink (:class:`LogSink`,
-:class:`WebhookSink`, :class:`CallbackSink`, or any object with ``async emit(alert)``).
+Alerts fire and resolve; each transition goes to every sink (``LogSink``,
+``WebhookSink``, ``CallbackSink``, or any object with ``async emit(alert)``).
 
 Only one monitor per queue evaluates: it holds the lease ``aqw:{queue}:monitor``; others
 stand by and retry, and take over when the holder stops or dies (its lease expires). The
@@ -66,7 +66,7 @@ MONITOR_KIND = "monitor"
 
 
 def is_monitor_heartbeat(beat: dict[str, Any]) -> bool:
-    """True for the heartbeat a :class:`Monitor` publishes, False for a worker's."""
+    """True for the heartbeat a ``Monitor`` publishes, False for a worker's."""
     return beat.get("kind") == MONITOR_KIND
 
 
@@ -100,7 +100,7 @@ class Alert:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Alert:
-        """The inverse of :meth:`as_dict`."""
+        """The inverse of ``as_dict``."""
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
 
@@ -215,9 +215,9 @@ class Monitor:
     """Evaluates the alert rules of one queue and sends transitions to ``sinks``.
 
     Args:
-        app_or_broker: an :class:`~aqw.App` (its tasks' ``sla`` then help judge orphans) or
-            a :class:`~aqw.Broker`.
-        sinks: where alerts go (default: a :class:`LogSink`).
+        app_or_broker: an ``aqw.App`` (its tasks' ``sla`` then help judge orphans) or
+            a ``aqw.Broker``.
+        sinks: where alerts go (default: a ``LogSink``).
         clock: wall-clock seconds; inject one to test the rules' timing.
         interval: seconds between evaluations.
         depth_factor, depth_for, baseline_halflife, warmup, depth_min: the depth rule (see
@@ -230,8 +230,8 @@ class Monitor:
         lease_ttl: seconds the evaluator lease lives (default ``max(3 * interval, 30)``).
         name: this monitor's name (default: host, pid and a random suffix).
 
-    Use ``async with monitor:`` to run it in the background, :meth:`run` to run it in the
-    current task, or :meth:`evaluate_once` to evaluate once now, without the lease.
+    Use ``async with monitor:`` to run it in the background, ``run`` to run it in the
+    current task, or ``evaluate_once`` to evaluate once now, without the lease.
     """
 
     def __init__(
@@ -315,7 +315,7 @@ class Monitor:
     async def evaluate_once(self) -> list[Alert]:
         """Sample the queue, evaluate every rule, send transitions to the sinks and publish
         the active alerts. Returns the alerts that fired or resolved now. Does not take the
-        evaluator lease (:meth:`run` does)."""
+        evaluator lease (``run`` does)."""
         if not self._connected:
             await self.broker.connect()
             self._connected = True
@@ -343,7 +343,7 @@ class Monitor:
 
     async def run(self) -> None:
         """Evaluate every ``interval`` seconds while holding the evaluator lease; stand by
-        and retry while another monitor holds it. Returns after :meth:`stop`."""
+        and retry while another monitor holds it. Returns after ``stop``."""
         while not self._stop.is_set():
             lease = Lease(self.broker.lease_backend(), self.lease_key, ttl=self.lease_ttl)
             try:
@@ -365,7 +365,7 @@ class Monitor:
             await self._sleep(min(self.interval, self.lease_ttl / 3))
 
     def stop(self) -> None:
-        """Ask :meth:`run` to return (it releases the lease first)."""
+        """Ask ``run`` to return (it releases the lease first)."""
         self._stop.set()
 
     async def __aenter__(self) -> Monitor:
@@ -620,7 +620,7 @@ def add_parser(sub: Any) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    """``aqw monitor``: run a :class:`Monitor` until SIGTERM or SIGINT."""
+    """``aqw monitor``: run a ``Monitor`` until SIGTERM or SIGINT."""
     from .cli import resolve_app
 
     app = resolve_app(args, need_app=False)

@@ -1,8 +1,8 @@
-"""Redlock: a :class:`~aqw.lease.LeaseBackend` spread over N independent Redis servers.
+"""Redlock: a ``aqw.lease.LeaseBackend`` spread over N independent Redis servers.
 
 ``Lease(RedlockBackend.from_urls([url1, url2, url3]), "customer:7", ttl=10)`` behaves like a
-single-server :class:`~aqw.lease.Lease` (background renewal, cancellation of the block and
-:class:`~aqw.LeaseLost` when the lease cannot be kept, compare-token release), but the lease
+single-server ``aqw.lease.Lease`` (background renewal, cancellation of the block and
+``aqw.LeaseLost`` when the lease cannot be kept, compare-token release), but the lease
 lives on a majority of the servers, so it survives the loss of a minority of them.
 
 The algorithm (Redlock, https://redis.io/docs/latest/develop/use/patterns/distributed-locks/):
@@ -14,12 +14,12 @@ The algorithm (Redlock, https://redis.io/docs/latest/develop/use/patterns/distri
   ``drift = ttl * clock_drift_factor + 2 ms``. Otherwise the key is released (compare-token
   ``DEL``) on *all* servers, including those that seemed not to answer, and ``None`` is returned.
 * **renew** -- compare-token ``PEXPIRE`` on every server; succeeds when a quorum renewed within
-  the validity time. Otherwise it returns False and :class:`~aqw.lease.Lease` cancels the block.
+  the validity time. Otherwise it returns False and ``aqw.lease.Lease`` cancels the block.
 * **release** -- compare-token ``DEL`` on every server, best effort; True when a quorum released.
 
 A server that errors or does not answer within ``per_node_timeout`` counts as a refusal; no
 method raises because of a failed server, not even when all of them fail (acquire then returns
-``None``, which :class:`~aqw.lease.Lease` reports as :class:`~aqw.LeaseUnavailable`).
+``None``, which ``aqw.lease.Lease`` reports as ``aqw.LeaseUnavailable``).
 
 Fencing tokens. Each server keeps its own counter, so counters drift apart (a server that was
 down misses increments; an acquirer that reached only a minority still increments the servers
@@ -36,10 +36,10 @@ service for at least one ``ttl`` and never restart a majority at once.
 Timeouts. redis-py retries failed commands with backoff by default, which can stall a call to
 a dead server for seconds. Every server call here is bounded by ``per_node_timeout``, but
 clients should also be created with small socket timeouts and no retries -- as
-:meth:`RedlockBackend.from_urls` does -- so that a dead server fails fast and releases its
+``RedlockBackend.from_urls`` does -- so that a dead server fails fast and releases its
 connection promptly.
 
-Note that :class:`~aqw.lease.Lease` counts the lease's life as the full ``ttl`` from the moment a
+Note that ``aqw.lease.Lease`` counts the lease's life as the full ``ttl`` from the moment a
 request was sent; the safe validity is ``ttl - drift`` (1 % + 2 ms by default), which the
 renewal interval (``ttl / 3``) leaves ample room for.
 """
@@ -81,21 +81,21 @@ _FIXED_DRIFT_MS: Final = 2
 class RedlockBackend:
     """Leases held on a quorum of independent Redis servers (the Redlock algorithm).
 
-    Implements the :class:`~aqw.lease.LeaseBackend` protocol: pass it to
-    :class:`~aqw.lease.Lease` to get a Redlock lease with renewal, cancellation on loss and
+    Implements the ``aqw.lease.LeaseBackend`` protocol: pass it to
+    ``aqw.lease.Lease`` to get a Redlock lease with renewal, cancellation on loss and
     fencing tokens.
 
     Args:
         clients: one ``redis.asyncio.Redis`` client per server; the servers must be independent
             (not replicas of each other). Create them with small socket timeouts and no
-            retries, or use :meth:`from_urls`.
+            retries, or use ``from_urls``.
         clock_drift_factor: the fraction of the ttl reserved for clock drift between servers;
             the validity of a lease is ``ttl - elapsed - (ttl * clock_drift_factor + 2 ms)``.
         per_node_timeout: seconds each server has to answer one call before it counts as a
             failure. Keep it well below the ttl.
         fence_key: where the fencing counter of a key lives: a fixed key, a function of the
             lease key, or ``None`` for ``<key>:fence`` (the same default as
-            :class:`~aqw.lease.RedisLeaseBackend`).
+            ``aqw.lease.RedisLeaseBackend``).
 
     Attributes: ``clients``, ``quorum`` (``len(clients) // 2 + 1``), ``clock_drift_factor``,
     ``per_node_timeout``.
@@ -138,7 +138,7 @@ class RedlockBackend:
 
         The clients fail fast: ``socket_connect_timeout=0.2``, ``socket_timeout=0.2`` and no
         retries (``retry=Retry(NoBackoff(), 0)``); ``client_kwargs`` override these and are
-        passed on to ``Redis.from_url``. Close them with :meth:`close`.
+        passed on to ``Redis.from_url``. Close them with ``close``.
         """
         options: dict[str, Any] = {
             "socket_connect_timeout": 0.2,

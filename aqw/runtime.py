@@ -1,6 +1,6 @@
 """The event-loop runtime: fetch with backpressure, run each job under its lease, settle.
 
-A job's path, step by step (:meth:`Worker._process`): decode the message, find its task,
+A job's path, step by step (``Worker._process``): decode the message, find its task,
 validate its payload, take its lease, run the handler under the lease and the task's timeout,
 then settle in one atomic broker step that also releases the lease: ack, retry later, or
 dead-letter. A message that cannot become a job is dead-lettered with the reason.
@@ -40,6 +40,7 @@ from .errors import (
     MalformedJob,
     Reject,
     Retry,
+    TooManyDeliveries,
     UnknownTask,
 )
 from .failures import ErrorTracker, RunawayGuard
@@ -148,8 +149,8 @@ class _Backoff:
 
 class Worker:
     """Runs an app's jobs in the current event loop. Use ``async with app.worker(...)`` to
-    embed it (it runs in the background until the block exits), or :meth:`run` to run it
-    until stopped (signal, :meth:`request_stop`, or an empty queue in burst mode)."""
+    embed it (it runs in the background until the block exits), or ``run`` to run it
+    until stopped (signal, ``request_stop``, or an empty queue in burst mode)."""
 
     def __init__(
         self,
@@ -252,7 +253,7 @@ class Worker:
         )  # fmt: skip
 
     async def run(self) -> None:
-        """Run until stopped by a signal, :meth:`request_stop`, or (burst) an empty queue."""
+        """Run until stopped by a signal, ``request_stop``, or (burst) an empty queue."""
         await self.start()
         try:
             await self._stop.wait()
@@ -260,11 +261,11 @@ class Worker:
             await self.stop()
 
     def request_stop(self) -> None:
-        """Ask the worker to stop gracefully; :meth:`run` returns once it has."""
+        """Ask the worker to stop gracefully; ``run`` returns once it has."""
         self._stop.set()
 
     async def wait_stopped(self) -> None:
-        """Wait until a stop is requested (signal, burst end or :meth:`request_stop`)."""
+        """Wait until a stop is requested (signal, burst end or ``request_stop``)."""
         await self._stop.wait()
 
     async def stop(self, grace: float | None = None) -> None:
@@ -528,7 +529,7 @@ class Worker:
             )
             return
         if delivery.delivery_count > task.options.max_deliveries:
-            reason = MalformedJob(
+            reason = TooManyDeliveries(
                 f"delivered {delivery.delivery_count} times without being settled "
                 "(the worker may crash or be killed while running it)"
             )

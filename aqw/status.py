@@ -139,7 +139,7 @@ def _table(headers: list[str], rows: list[list[str]], indent: str = "  ") -> lis
 
 
 def render(status: dict[str, Any]) -> str:
-    """``status`` (from :func:`gather_status`) as a plain-text screen."""
+    """``status`` (from ``gather_status``) as a plain-text screen."""
     d = status["depth"]
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(status["at"]))
     out = [f"aqw status: queue {status['queue']}  ({when})", ""]

@@ -36,7 +36,7 @@ class Enqueued(str):
 
 @dataclass(frozen=True, slots=True)
 class TaskOptions:
-    """Per-task settings; ``None`` means the app's default."""
+    """Per-task settings, resolved against the app's defaults at registration."""
 
     retry: RetryPolicy
     lease_ttl: float
@@ -125,7 +125,7 @@ class PayloadCodec:
 
 
 class Task(Generic[R]):
-    """A registered handler. Call :meth:`enqueue` to run it on a worker."""
+    """A registered handler. Call ``enqueue`` to run it on a worker."""
 
     def __init__(self, app: App, fn: Handler[R], name: str, options: TaskOptions) -> None:
         from .context import Context

@@ -144,7 +144,8 @@ class Telemetry:
     Args:
         queue: the queue name (``messaging.destination.name``).
         system: ``messaging.system`` (``redis``, ``aws_sqs``, ``memory``).
-        tracer_provider / meter_provider: explicit providers (default: the global ones).
+        tracer_provider: an explicit tracer provider (default: the global one).
+        meter_provider: an explicit meter provider (default: the global one).
         link: start each job's ``process`` span in a new trace linked to the producer's,
             instead of as its child.
     """
@@ -189,7 +190,7 @@ class Telemetry:
         return attrs
 
     def count(self, name: str, task: str | None = None, n: int = 1) -> None:
-        """Add ``n`` to counter ``name`` (one of :data:`METRICS`)."""
+        """Add ``n`` to counter ``name`` (one of ``METRICS``)."""
         if self._instruments is not None:
             key = (name, self.queue, task or "")
             total = self._instruments.totals.get(key)
@@ -223,7 +224,7 @@ class Telemetry:
         ]
 
     def cache_hook(self) -> Callable[[str, str], None]:
-        """An ``on_event`` hook for :class:`aqw.Cache` that counts hits and misses."""
+        """An ``on_event`` hook for ``aqw.Cache`` that counts hits and misses."""
 
         def on_event(event: str, key: str) -> None:
             if event == "hit":
@@ -416,7 +417,7 @@ def configure_otel(service_name: str = "aqw-worker") -> bool:
 
 
 def shutdown_otel() -> None:
-    """Flush and shut down SDK providers configured by :func:`configure_otel`."""
+    """Flush and shut down SDK providers configured by ``configure_otel``."""
     for provider in (trace.get_tracer_provider(), metrics.get_meter_provider()):
         shutdown = getattr(provider, "shutdown", None)
         if callable(shutdown):

@@ -36,6 +36,7 @@ EXPECTED = [
     "SqlCompletionStore",
     "Task",
     "Telemetry",
+    "TooManyDeliveries",
     "UnknownTask",
     "WebhookSink",
     "Worker",

@@ -1,4 +1,4 @@
-"""Batched DeleteMessage and ChangeMessageVisibility calls: :class:`_Batcher`."""
+"""Batched DeleteMessage and ChangeMessageVisibility calls: ``_Batcher``."""
 
 from __future__ import annotations
 

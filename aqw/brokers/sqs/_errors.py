@@ -1,4 +1,4 @@
-"""Which SQS errors mean what: unreachable or throttled (:class:`SQSUnavailable`, retried by
+"""Which SQS errors mean what: unreachable or throttled (``SQSUnavailable``, retried by
 the runtime), a receipt handle gone, a queue missing."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _transient(exc: BaseException) -> bool:
 
 
 async def _request(client: Any, op: str, **params: Any) -> dict[str, Any]:
-    """One SQS call; unreachable or throttled becomes :class:`SQSUnavailable`."""
+    """One SQS call; unreachable or throttled becomes ``SQSUnavailable``."""
     try:
         reply: dict[str, Any] = await getattr(client, op)(**params)
     except Exception as exc:
