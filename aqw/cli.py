@@ -25,7 +25,7 @@ from . import monitor as monitor_cli
 from . import status as status_cli
 from .app import App
 from .brokers import from_url
-from .dlq import dead_job_json
+from .dlq import DeadLetters, dead_job_json
 from .errors import AqwError, ConfigError
 from .telemetry import configure_otel, shutdown_otel
 
@@ -160,7 +160,8 @@ async def cmd_dlq(args: argparse.Namespace) -> int:
                 print(json.dumps([d.as_dict() for d in items], indent=2))
                 return 0
             if not items:
-                print("the dead-letter queue is empty")
+                filtered = args.task is not None or args.error_type is not None
+                print("no dead job matches" if filtered else "the dead-letter queue is empty")
                 return 0
             print(f"{'ID':<20} {'TASK':<24} {'ERROR':<20} {'ATT':>3} {'FAILED AT':<19}  MESSAGE")
             for d in items:
@@ -177,14 +178,21 @@ async def cmd_dlq(args: argparse.Namespace) -> int:
             print(dead_job_json(dead))
             return 0
         if args.dlq_command == "replay":
-            edit = json.loads(args.edit_payload) if args.edit_payload else None
             if not (args.ids or args.all or args.task):
                 raise CliError("replay: give entry IDs, --all or --task TASK")
-            if edit is not None and isinstance(app.broker_url, str) and not app.tasks:
+            try:
+                edit = json.loads(args.edit_payload) if args.edit_payload else None
+            except json.JSONDecodeError as exc:
+                raise CliError(f"--edit-payload is not valid JSON: {exc}") from None
+            if edit is not None and not app.tasks:
                 raise CliError("--edit-payload needs the app (--app MODULE:APP) to validate it")
-            n = await dlq.replay(
-                args.ids, all=args.all, task=args.task, edit_payload=edit, progress=_progress
-            )
+            await _require_ids(dlq, args.ids)
+            try:
+                n = await dlq.replay(
+                    args.ids, all=args.all, task=args.task, edit_payload=edit, progress=_progress
+                )
+            except ValidationError as exc:
+                raise CliError(f"--edit-payload does not fit the task: {exc}") from None
             print(f"\nreplayed {n} jobs", file=sys.stderr)
             print(n)
             return 0
@@ -192,12 +200,19 @@ async def cmd_dlq(args: argparse.Namespace) -> int:
             if args.older_than is None and not args.ids and not args.task and not args.all:
                 raise CliError("purge: give entry IDs, --older-than SECONDS, --task or --all")
             older = 0.0 if args.all and args.older_than is None else args.older_than
+            await _require_ids(dlq, args.ids)
             n = await dlq.purge(older_than=older, ids=args.ids, task=args.task)
             print(n)
             return 0
     finally:
         await app.close()
     raise CliError(f"unknown dlq command {args.dlq_command!r}")
+
+
+async def _require_ids(dlq: DeadLetters, ids: Sequence[str]) -> None:
+    missing = [i for i in ids if await dlq.get(i) is None]
+    if missing:
+        raise CliError(f"no dead job with id {', '.join(repr(i) for i in missing)}")
 
 
 def _progress(done: int, total: int) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 
 class AqwError(Exception):
     """Base class of every error aqw raises."""
@@ -43,8 +45,8 @@ class Retry(AqwError):
     """
 
     def __init__(self, delay: float | None = None, reason: str = "retry requested") -> None:
-        if delay is not None and delay < 0:
-            raise ConfigError(f"Retry(delay=...) must be >= 0, got {delay!r}")
+        if delay is not None and not (math.isfinite(delay) and delay >= 0):
+            raise ConfigError(f"Retry(delay=...) must be a finite number >= 0, got {delay!r}")
         super().__init__(reason)
         self.delay = delay
         self.reason = reason

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import CodeType
 
+from .errors import ConfigError
+
 log = logging.getLogger("aqw.failures")
 
 
@@ -109,7 +111,11 @@ class RunawayGuard:
         clock: Callable[[], float] = time.time,
     ) -> None:
         if action not in ("log", "slow"):
-            raise ValueError(f"RunawayGuard action must be 'log' or 'slow', got {action!r}")
+            raise ConfigError(f"RunawayGuard action must be 'log' or 'slow', got {action!r}")
+        if not 0 <= threshold <= 1:
+            raise ConfigError(f"RunawayGuard threshold must be within 0..1, got {threshold!r}")
+        if window <= 0:
+            raise ConfigError(f"RunawayGuard window must be > 0 seconds, got {window!r}")
         self.window = window
         self.threshold = threshold
         self.min_runs = min_runs
@@ -127,7 +133,8 @@ class RunawayGuard:
         now = self._clock()
         runs.add(now, retried)
         runs.trim(now - self.window)
-        if retried and self.running_away(task) and now - self._warned.get(task, 0.0) > self.window:
+        last = self._warned.get(task)
+        if retried and self.running_away(task) and (last is None or now - last > self.window):
             self._warned[task] = now
             log.error(
                 "task %r is retrying %.0f%% of its runs over the last %.0fs (threshold %.0f%%)%s",

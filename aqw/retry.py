@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -25,10 +26,14 @@ class RetryPolicy:
     no_retry: tuple[type[BaseException], ...] = field(default=())
 
     def __post_init__(self) -> None:
-        if self.max_retries < 0:
-            raise ConfigError(f"RetryPolicy max_retries must be >= 0, got {self.max_retries!r}")
-        if self.base <= 0:
-            raise ConfigError(f"RetryPolicy base must be > 0 seconds, got {self.base!r}")
+        if not isinstance(self.max_retries, int) or self.max_retries < 0:
+            raise ConfigError(
+                f"RetryPolicy max_retries must be an integer >= 0, got {self.max_retries!r}"
+            )
+        if not math.isfinite(self.base) or self.base <= 0:
+            raise ConfigError(f"RetryPolicy base must be a finite number > 0, got {self.base!r}")
+        if not math.isfinite(self.cap):
+            raise ConfigError(f"RetryPolicy cap must be a finite number, got {self.cap!r}")
         if self.cap < self.base:
             raise ConfigError(f"RetryPolicy cap ({self.cap!r}) must be >= base ({self.base!r})")
 

@@ -193,7 +193,7 @@ class Worker:
         self.state = "idle"  # idle -> running -> stopping -> stopped
         self.started_at = 0.0
         self._in_flight = 0
-        self._jobs: set[asyncio.Task[None]] = set()
+        self._jobs: dict[asyncio.Task[None], str] = {}  # job task -> its delivery id
         self._running: dict[str, _Run] = {}
         self._buffer: deque[Delivery] = deque()
         self._slot_free = asyncio.Event()
@@ -280,6 +280,12 @@ class Worker:
             task.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
         await self._give_back_buffer()
+        try:  # a read cancelled above may already have taken entries for this consumer
+            given = await self.broker.give_back_unstarted(set(self._jobs.values()))
+            if given:
+                log.info("handed back %d jobs fetched as the worker stopped", given)
+        except TRANSIENT as exc:
+            log.warning("could not hand back fetched jobs (%r); they are reclaimed later", exc)
         if self._jobs:
             log.info("waiting up to %.1fs for %d running jobs", grace, len(self._jobs))
             _, pending = await asyncio.wait(set(self._jobs), timeout=grace)
@@ -507,11 +513,11 @@ class Worker:
     def _start(self, delivery: Delivery) -> None:
         self._in_flight += 1
         task = asyncio.get_running_loop().create_task(self._process(delivery))
-        self._jobs.add(task)
+        self._jobs[task] = delivery.id
         task.add_done_callback(self._job_done)
 
     def _job_done(self, task: asyncio.Task[None]) -> None:
-        self._jobs.discard(task)
+        self._jobs.pop(task, None)
         self._in_flight -= 1
         self._slot_free.set()
         if not task.cancelled() and task.exception() is not None:
@@ -537,8 +543,8 @@ class Worker:
             return
         try:
             payload = task.codec.load(job.payload)
-        except ValidationError as exc:
-            await self._dead_letter(delivery, exc)
+        except Exception as exc:  # a validator may raise anything: the payload is unusable
+            await self._dead_letter(delivery, exc, payload_error=True)
             return
         lease = Lease(
             self.broker.lease_backend(),
@@ -747,11 +753,16 @@ class Worker:
         )
 
     async def _dead_letter(
-        self, delivery: Delivery, error: BaseException, lease: Lease | None = None
+        self,
+        delivery: Delivery,
+        error: BaseException,
+        lease: Lease | None = None,
+        *,
+        payload_error: bool = False,
     ) -> bool:
         job = delivery.job
         first = float(job.headers.get(FIRST_FAILURE, 0) or 0) if job else 0.0
-        reason = _describe(error)
+        reason = _describe(error, payload_error)
         failure = Failure(
             error_type=type(error).__name__,
             error=reason,
@@ -848,12 +859,15 @@ def vars_of(obj: Any) -> dict[str, Any]:
     return {name: getattr(obj, name) for name in obj.__slots__}
 
 
-def _describe(error: BaseException) -> str:
+def _describe(error: BaseException, payload_error: bool = False) -> str:
     if isinstance(error, ValidationError):
         parts = []
         for err in error.errors(include_url=False)[:5]:
             where = ".".join(str(p) for p in err["loc"]) or "payload"
             parts.append(f"{where}: {err['msg']}")
-        return "payload failed validation: " + "; ".join(parts)
+        what = "payload failed validation" if payload_error else "ValidationError"
+        return f"{what}: " + "; ".join(parts)
+    if payload_error:
+        return f"payload failed validation: {type(error).__name__}: {error}"
     text = str(error)
     return f"{type(error).__name__}: {text}" if text else type(error).__name__

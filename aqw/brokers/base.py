@@ -173,6 +173,13 @@ class Broker(abc.ABC):
         """Deliveries left unsettled by a dead consumer for longer than ``idle`` seconds."""
         return []
 
+    async def give_back_unstarted(self, running: set[str]) -> int:
+        """Hand back for immediate redelivery the deliveries this consumer holds that are
+        not in ``running`` (delivery ids): e.g. a fetch cancelled by a shutdown after the
+        broker had already handed it entries. Returns how many were given back. Brokers
+        whose deliveries time out by themselves and quickly (SQS) need not override it."""
+        return 0
+
     async def promote_due(self) -> float | None:
         """Move due scheduled jobs into the queue; seconds until the next is due, or None."""
         return None

@@ -187,6 +187,16 @@ class MemoryBroker(Broker):
                 out.append(Delivery(id=entry_id, data=p.data, delivery_count=p.delivered))
         return out
 
+    async def give_back_unstarted(self, running: set[str]) -> int:
+        mine = [
+            entry_id
+            for entry_id, p in self._q.pending.items()
+            if p.consumer == self.consumer and entry_id not in running
+        ]
+        for entry_id in mine:
+            await self.requeue(Delivery(entry_id, self._q.pending[entry_id].data), None)
+        return len(mine)
+
     async def promote_due(self) -> float | None:
         q = self._q
         now = time.time()

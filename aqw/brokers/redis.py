@@ -167,6 +167,19 @@ class RedisBroker(Broker):
             out.append(_delivery(entry_id, fields, delivered))
         return out
 
+    async def give_back_unstarted(self, running: set[str]) -> int:
+        if not self.consumer:
+            return 0
+        pending: Any = await self.client.xpending_range(
+            self.keys.stream, GROUP, "-", "+", 1000, consumername=self.consumer
+        )
+        given = 0
+        for entry in pending:
+            entry_id = _text(entry["message_id"])
+            if entry_id not in running and await self.requeue(Delivery(entry_id, b""), None):
+                given += 1
+        return given
+
     async def promote_due(self) -> float | None:
         moved, next_due = await self.batcher.script(
             self._promote, [self.keys.delayed, self.keys.stream], [int(time.time() * 1000), 500]

@@ -16,8 +16,9 @@ Phases, timeouts and output are those of ``_bench.py``.
 
 from __future__ import annotations
 
-import aqw
 from _bench import Config, Recorder, Session, main
+
+import aqw
 
 QUEUE = "bench"
 
