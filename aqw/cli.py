@@ -1,8 +1,9 @@
-"""The ``aqw`` command line: ``worker``, ``enqueue``, ``status``, ``monitor`` and ``dlq``.
+"""The ``aqw`` command line: ``worker``, ``enqueue``, ``status``, ``monitor``, ``dlq`` and
+``bench``.
 
 Settings come from arguments first, then ``AQW_*`` environment variables (``AQW_APP``,
 ``AQW_BROKER``, ``AQW_QUEUE``, ``AQW_CONCURRENCY``, ``AQW_PREFETCH``, ``AQW_GRACE``,
-``AQW_LOG_LEVEL``).
+``AQW_PROCESSES``, ``AQW_LOG_LEVEL``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
+from . import bench as bench_cli
 from . import monitor as monitor_cli
 from . import status as status_cli
 from .app import App
@@ -94,6 +96,7 @@ def resolve_app(args: argparse.Namespace, *, need_app: bool = True) -> App:
         raise CliError("name an app (--app MODULE:APP) or a broker (--broker URL)")
     if broker_url or queue:
         app.broker = from_url(broker_url or app.broker_url or "memory://", queue or app.queue)
+        app.broker.completion_ttl = app.idempotency_ttl
         app.queue = app.broker.queue
         if broker_url:
             app.broker_url = broker_url
@@ -245,6 +248,10 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--prefetch", type=int, help="jobs fetched ahead of free slots (default 0)")
     w.add_argument("--grace", type=float, help="seconds to finish jobs on shutdown (default 30)")
     w.add_argument("--burst", action="store_true", help="exit when the queue is empty")
+    w.add_argument(
+        "-p", "--processes", type=int,
+        help="supervised worker processes, one event loop each (default 1, or AQW_PROCESSES)",
+    )  # fmt: skip
 
     e = sub.add_parser("enqueue", help="enqueue one job")
     _add_target(e, positional_app=True)
@@ -255,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     status_cli.add_parser(sub)
     monitor_cli.add_parser(sub)
+    bench_cli.add_parser(sub)
 
     d = sub.add_parser("dlq", help="dead-letter queue: list, show, replay, purge")
     dsub = d.add_subparsers(dest="dlq_command", required=True)
@@ -288,7 +296,18 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = 
     "status": status_cli.run,
     "monitor": monitor_cli.run,
     "dlq": cmd_dlq,
+    "bench": bench_cli.run,
 }
+
+
+def _processes(args: argparse.Namespace) -> int:
+    """Worker processes from ``--processes`` or ``AQW_PROCESSES`` (default 1)."""
+    processes: int | None = args.processes
+    if processes is None:
+        processes = _env_int("AQW_PROCESSES", 1)
+    if processes < 1:
+        raise CliError(f"--processes must be >= 1, got {processes}")
+    return processes
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -300,6 +319,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     try:
+        if args.command == "worker" and _processes(args) > 1:
+            # Outside asyncio.run: the supervisor owns the signals of its children.
+            from .supervisor import run_supervised, worker_argv
+
+            return run_supervised(worker_argv(args), _processes(args))
         return asyncio.run(COMMANDS[args.command](args))
     except (CliError, ConfigError) as exc:
         print(f"aqw: error: {exc}", file=sys.stderr)

@@ -278,7 +278,11 @@ class Worker:
         grace = self.grace if grace is None else grace
         for task in self._loops:
             task.cancel()
-        await asyncio.gather(*self._loops, return_exceptions=True)
+        # Each loop also checks the stop flag: on Python 3.11 a cancellation that lands as
+        # a socket send completes can be swallowed by the client, and the loop goes on.
+        _, stuck = await asyncio.wait(self._loops, timeout=5.0)
+        for task in stuck:
+            log.warning("background loop %s did not stop; abandoning it", task.get_name())
         await self._give_back_buffer()
         try:  # a read cancelled above may already have taken entries for this consumer
             given = await self.broker.give_back_unstarted(set(self._jobs.values()))
@@ -382,7 +386,7 @@ class Worker:
 
     async def _promote_loop(self) -> None:
         backoff = _Backoff()
-        while True:
+        while not self._stop.is_set():
             try:
                 wait = await self.broker.promote_due()
             except TRANSIENT as exc:
@@ -397,7 +401,7 @@ class Worker:
     async def _reclaim_loop(self) -> None:
         idle = self._max_ttl * 1.1 + 0.2
         interval = min(max(self._max_ttl / 4, 0.2), 15.0)
-        while True:
+        while not self._stop.is_set():
             await asyncio.sleep(interval)
             free = self.concurrency - self._in_flight - len(self._buffer)
             if free <= 0:
@@ -419,7 +423,7 @@ class Worker:
         """Publish this worker's summary every ``heartbeat`` seconds and watch for stuck
         jobs (running longer than twice their task's ``sla``) every second."""
         last_beat = 0.0
-        while True:
+        while not self._stop.is_set():
             self._watch_stuck()
             now = time.monotonic()
             if now - last_beat >= self.heartbeat:

@@ -11,7 +11,7 @@ states about metric names, CLI commands and Kubernetes manifests matches the cod
 - The metrics table equals ``aqw.telemetry.METRICS``; the Prometheus rules use only metric
   names aqw exports.
 - Every ``aqw SUB`` command the pages show exists in ``python -m aqw --help`` and accepts the
-  options shown (a subcommand the CLI does not list yet is skipped; see PENDING).
+  options shown.
 - The Kubernetes examples agree with each other and with aqw's key names.
 """
 
@@ -44,11 +44,6 @@ PG_DSN = "postgresql://{user}@127.0.0.1:5432/test"
 #: Pages written by others, not held to the rules of the pages written here.
 NOT_OURS = {"design.md", "benchmarks.md"}
 
-#: Options the pages show that the CLI does not accept yet; the test expects them to be
-#: missing (xfail) and passes on its own once they are wired.
-PENDING = {
-    "worker": {"--processes"},  # aqw/supervisor.py, not yet wired into aqw/cli.py
-}
 
 SAMPLES = sorted(EXAMPLES.glob("*.py"))
 
@@ -342,16 +337,12 @@ def test_docs_show_the_main_commands() -> None:
 
 @pytest.mark.parametrize("sub", sorted(DOCUMENTED))
 def test_documented_command_exists(sub: str) -> None:
-    if sub.split()[0] not in _listed_subcommands():
-        pytest.skip(f"`aqw {sub}` is documented but `python -m aqw --help` does not list it yet")
+    assert sub.split()[0] in _listed_subcommands(), f"`aqw {sub}` is documented but not listed"
     result = _run([sys.executable, "-m", "aqw", *sub.split(), "--help"], timeout=60)
     assert result.returncode == 0, _explain(result)
     missing = sorted(
         o for o in DOCUMENTED[sub] if not re.search(rf"{re.escape(o)}\b", result.stdout)
     )
-    pending = PENDING.get(sub, set())
-    if missing and set(missing) <= pending:
-        pytest.xfail(f"`aqw {sub}` does not accept {', '.join(missing)} yet")
     assert not missing, f"`aqw {sub} --help` does not know {missing}:\n{result.stdout}"
 
 

@@ -1,0 +1,237 @@
+"""``aqw bench``, run as a subprocess on ``memory://`` and on the real Redis.
+
+It runs as ``python -m aqw.bench ARGS`` (the same parser and code as ``aqw bench ARGS``).
+Every run must print a table and a recommendation, and leave no ``aqw:{<bench queue>}:*``
+key behind, also when interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from conftest import REDIS_URL, delete_queue_keys
+
+from aqw.bench import Point, recommend
+
+pytestmark = pytest.mark.timeout(60)
+
+QUEUE_LINE = re.compile(r"aqw bench: queue (\S+) on ")
+ROW = re.compile(r"^[* ] +(\d+) +(\d+) +(\d+) +([\d,]+|-) ")
+
+
+def bench(
+    *args: str, env: dict[str, str], cwd: Path | None = None, timeout: float = 45
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "aqw.bench", *args],
+        env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def bench_queue(result: subprocess.CompletedProcess[str]) -> str:
+    match = QUEUE_LINE.search(result.stderr)
+    assert match, result.stderr
+    return match[1]
+
+
+def rows(stdout: str) -> list[tuple[int, int, int]]:
+    return [(int(m[1]), int(m[2]), int(m[3])) for line in stdout.splitlines()
+            if (m := ROW.match(line))]  # fmt: skip
+
+
+def queue_keys(queue: str) -> list[bytes]:
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        return list(client.scan_iter(match=f"aqw:{{{queue}}}:*", count=1000))
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def env(subprocess_env: dict[str, str]) -> dict[str, str]:
+    clean = {k: v for k, v in subprocess_env.items() if not k.startswith("AQW_")}
+    return clean
+
+
+@pytest.fixture
+def bench_queues() -> Iterator[list[str]]:
+    """Queues the bench used: checked clean by the tests, deleted anyway at the end."""
+    made: list[str] = []
+    yield made
+    delete_queue_keys(made)
+
+
+def test_recommend_picks_the_smallest_setting_within_5_percent() -> None:
+    points = [
+        Point(1, 10, 0, jobs_per_s=800.0),
+        Point(1, 50, 0, jobs_per_s=960.0),
+        Point(1, 50, 50, jobs_per_s=990.0),
+        Point(2, 10, 0, jobs_per_s=1000.0),
+        Point(2, 50, 0, error="timed out"),
+    ]
+    picked = recommend(points)
+    assert picked is not None
+    chosen, best = picked
+    assert (best.processes, best.concurrency, best.prefetch) == (2, 10, 0)
+    assert (chosen.processes, chosen.concurrency, chosen.prefetch) == (1, 50, 0)
+    assert recommend([Point(1, 10, 0, error="x")]) is None
+
+
+def test_quick_on_memory_prints_a_table_and_a_recommendation(env: dict[str, str]) -> None:
+    started = time.monotonic()
+    result = bench("--quick", "--broker", "memory://", "--work", "mix", env=env)
+    assert result.returncode == 0, result.stderr
+    assert time.monotonic() - started < 20
+    assert bench_queue(result).startswith("aqw-bench-")
+    assert "jobs/s" in result.stdout and "p99 ms" in result.stdout
+    assert rows(result.stdout) == [(1, 10, 0), (1, 10, 20), (1, 50, 0), (1, 50, 20)]
+    assert re.search(r"^recommended: --processes 1 --concurrency \d+ --prefetch \d+",
+                     result.stdout, re.M)  # fmt: skip
+    assert "4/4" in result.stderr  # the progress bar
+
+
+def test_json_on_memory(env: dict[str, str]) -> None:
+    result = bench("--quick", "--json", "-c", "5,20", "--prefetch", "0", env=env)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["broker"] == "memory://"
+    assert [(r["concurrency"], r["prefetch"]) for r in report["results"]] == [(5, 0), (20, 0)]
+    for r in report["results"]:
+        assert r["jobs_per_s"] > 0 and r["p50_ms"] is not None and r["cpu_s_per_1k"] > 0
+        assert r["ops_per_job"] is None  # no Redis, no INFO
+        assert r["error"] is None
+    best = report["best"]["jobs_per_s"]
+    assert report["recommendation"]["jobs_per_s"] >= 0.95 * best
+
+
+@pytest.mark.redis
+def test_quick_on_redis_with_two_process_counts(
+    env: dict[str, str], bench_queues: list[str]
+) -> None:
+    result = bench("--quick", "--broker", REDIS_URL, "--processes", "1,2", env=env)
+    bench_queues.append(bench_queue(result))
+    assert result.returncode == 0, result.stderr
+    assert [r[0] for r in rows(result.stdout)] == [1, 1, 1, 1, 2, 2, 2, 2]
+    assert re.search(r"^recommended: --processes [12] ", result.stdout, re.M), result.stdout
+    ops = [line.split()[-1] for line in result.stdout.splitlines() if ROW.match(line)]
+    assert all(float(x) > 0 for x in ops), result.stdout  # INFO commandstats on real Redis
+    assert queue_keys(bench_queues[0]) == []
+
+
+@pytest.mark.redis
+def test_json_on_redis_with_a_named_queue(env: dict[str, str], bench_queues: list[str]) -> None:
+    queue = f"aqw-bench-t{uuid.uuid4().hex[:8]}"
+    bench_queues.append(queue)
+    result = bench("--quick", "--json", "--broker", REDIS_URL, "--queue", queue,
+                   "-c", "20", "--prefetch", "0,10", "--work", "sleep", "--sleep-ms", "2",
+                   env=env)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["queue"] == queue and report["work"] == "sleep"
+    assert len(report["results"]) == 2
+    for r in report["results"]:
+        assert r["jobs"] > 300 and r["failed"] == 0
+        assert r["ops_per_job"] > 0 and r["p99_ms"] >= r["p50_ms"] >= 2.0
+    assert queue_keys(queue) == []
+
+
+@pytest.mark.redis
+def test_a_named_queue_in_use_is_refused(env: dict[str, str], bench_queues: list[str]) -> None:
+    queue = f"aqw-bench-t{uuid.uuid4().hex[:8]}"
+    bench_queues.append(queue)
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        client.set(f"aqw:{{{queue}}}:fence", 7)
+        result = bench("--quick", "--broker", REDIS_URL, "--queue", queue, env=env)
+        assert result.returncode == 2
+        assert "has keys already" in result.stderr
+        assert client.get(f"aqw:{{{queue}}}:fence") == b"7"
+    finally:
+        client.close()
+
+
+def processes_mentioning(text: str) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and text.encode() in (proc / "cmdline").read_bytes():
+                pids.append(int(proc.name))
+        except OSError:
+            pass
+    return pids
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupted_run_cleans_up(
+    env: dict[str, str], bench_queues: list[str], sig: signal.Signals
+) -> None:
+    queue = f"aqw-bench-t{uuid.uuid4().hex[:8]}"
+    bench_queues.append(queue)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aqw.bench", "--broker", REDIS_URL, "--queue", queue,
+         "--jobs", "200000", "--processes", "2", "-c", "10"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not queue_keys(queue):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(1.0)  # preloading or draining
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 128 + sig, err
+    assert "cleaning up" in err
+    assert queue_keys(queue) == []
+    assert processes_mentioning(queue) == [], "a bench worker process outlived the bench"
+
+
+def test_a_task_of_the_users_app(env: dict[str, str], tmp_path: Path) -> None:
+    (tmp_path / "myjobs.py").write_text(
+        textwrap.dedent("""
+        import aqw
+        from pydantic import BaseModel
+
+        app = aqw.App("memory://", queue="mine")
+
+        class Order(BaseModel):
+            order_id: int
+
+        @app.task
+        async def ship(order: Order) -> None:
+            assert order.order_id == 7
+            print("shipped", order.order_id)  # stdout of a task must not confuse the bench
+
+        @app.task
+        async def other() -> None: ...
+    """)
+    )
+    common = ["--quick", "--json", "--app", "myjobs:app", "-c", "10", "--prefetch", "0"]
+    result = bench(*common, "--task", "ship", "--payload", '{"order_id": 7}',
+                   env=env, cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report: dict[str, Any] = json.loads(result.stdout)
+    assert report["task"] == "ship" and report["work"] is None
+    assert report["results"][0]["failed"] == 0 and report["recommendation"] is not None
+
+    bad = bench(*common, "--task", "ship", "--payload", '{"order_id": "x"}', env=env, cwd=tmp_path)
+    assert bad.returncode == 2 and "does not fit task 'ship'" in bad.stderr
+    unnamed = bench(*common, env=env, cwd=tmp_path)
+    assert unnamed.returncode == 2 and "--task other|ship" in unnamed.stderr
