@@ -35,29 +35,38 @@ baseline and the active alerts from it, so a failover neither forgets nor re-fir
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import dataclasses
-import importlib
-import inspect
-import json
 import logging
-import math
-import signal
 import time
-import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from ._ids import consumer_name
+from ._monitor_cli import add_parser, run
+from ._monitor_rules import Baseline, check_depth, check_retries, check_stuck
+from ._monitor_rules import _secs as _secs  # `aqw status` shows ages the same way
+from .alerts import Alert, CallbackSink, LogSink, Sink, WebhookSink
 from .brokers.base import Broker
 from .errors import ConfigError, LeaseLost, LeaseUnavailable
 from .lease import Lease
 
 if TYPE_CHECKING:
     from .app import App
+
+__all__ = [
+    "MONITOR_KIND",
+    "Alert",
+    "CallbackSink",
+    "LogSink",
+    "Monitor",
+    "Sink",
+    "WebhookSink",
+    "add_parser",
+    "is_monitor_heartbeat",
+    "run",
+]
 
 log = logging.getLogger("aqw.monitor")
 
@@ -68,147 +77,6 @@ MONITOR_KIND = "monitor"
 def is_monitor_heartbeat(beat: dict[str, Any]) -> bool:
     """True for the heartbeat a ``Monitor`` publishes, False for a worker's."""
     return beat.get("kind") == MONITOR_KIND
-
-
-@dataclass(slots=True)
-class Alert:
-    """One alert: fired at ``fired_at``, active until ``resolved_at`` is set.
-
-    ``key`` tells alerts of one rule apart (``stuck_job:<job id>``); it is the rule name for
-    the queue-wide rules."""
-
-    rule: str
-    queue: str
-    severity: str
-    summary: str
-    details: dict[str, Any]
-    fired_at: float
-    resolved_at: float | None = None
-    key: str = ""
-
-    def __post_init__(self) -> None:
-        self.key = self.key or self.rule
-
-    @property
-    def active(self) -> bool:
-        """True until the alert resolves."""
-        return self.resolved_at is None
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-able form."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Alert:
-        """The inverse of ``as_dict``."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
-
-
-# -- sinks ----------------------------------------------------------------------------------
-
-
-class Sink(Protocol):
-    """Where alert transitions go: ``emit`` is called when an alert fires and when it
-    resolves (``alert.resolved_at`` set)."""
-
-    async def emit(self, alert: Alert) -> None: ...
-
-
-class LogSink(Sink):
-    """Logs firing alerts at ``level`` (default WARNING) and resolutions at INFO."""
-
-    def __init__(self, logger: logging.Logger | None = None, level: int = logging.WARNING) -> None:
-        self.logger = logger or log
-        self.level = level
-
-    async def emit(self, alert: Alert) -> None:
-        if alert.active:
-            self.logger.log(
-                self.level,
-                "ALERT %s [%s] queue=%s: %s",
-                alert.key,
-                alert.severity,
-                alert.queue,
-                alert.summary,
-            )
-        else:
-            self.logger.info("RESOLVED %s queue=%s: %s", alert.key, alert.queue, alert.summary)
-
-
-class CallbackSink(Sink):
-    """Calls ``fn(alert)``; ``fn`` may be a plain function or a coroutine function."""
-
-    def __init__(self, fn: Callable[[Alert], Any]) -> None:
-        self.fn = fn
-
-    async def emit(self, alert: Alert) -> None:
-        result = self.fn(alert)
-        if inspect.isawaitable(result):
-            await result
-
-
-class WebhookSink(Sink):
-    """POSTs ``{"status": "firing" | "resolved", "alert": {...}}`` as JSON to ``url``, with
-    httpx when installed, else urllib in a thread. A failure is logged and counted in
-    ``failures``; it never raises into the monitor."""
-
-    def __init__(
-        self, url: str, *, timeout: float = 5.0, headers: dict[str, str] | None = None
-    ) -> None:
-        if not url.startswith(("http://", "https://")):
-            raise ConfigError(f"webhook URL must be http:// or https://, got {url!r}")
-        self.url = url
-        self.timeout = timeout
-        self.headers = {"content-type": "application/json", **(headers or {})}
-        self.sent = 0
-        self.failures = 0
-
-    async def emit(self, alert: Alert) -> None:
-        body = json.dumps(
-            {"status": "firing" if alert.active else "resolved", "alert": alert.as_dict()},
-            default=str,
-        ).encode()
-        try:
-            async with asyncio.timeout(self.timeout + 1.0):
-                await self._post(body)
-            self.sent += 1
-        except Exception as exc:
-            self.failures += 1
-            log.warning("webhook %s failed for alert %s: %r", self.url, alert.key, exc)
-
-    async def _post(self, body: bytes) -> None:
-        try:
-            import httpx
-        except ImportError:  # pragma: no cover - httpx is a dev dependency
-            await asyncio.to_thread(self._post_urllib, body)
-            return
-        async with httpx.AsyncClient(timeout=self.timeout) as client:
-            response = await client.post(self.url, content=body, headers=self.headers)
-            response.raise_for_status()
-
-    def _post_urllib(self, body: bytes) -> None:
-        request = urllib.request.Request(self.url, data=body, headers=self.headers, method="POST")
-        with urllib.request.urlopen(request, timeout=self.timeout) as response:
-            response.read()
-
-
-# -- the monitor ----------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Baseline:
-    value: float | None = None  # the learned depth
-    since: float = 0.0  # the first sample
-    at: float = 0.0  # the last sample
-    above_since: float | None = None  # when the depth rose above the threshold
-
-
-@dataclass(slots=True)
-class _Window:
-    processed: int = 0
-    retried: int = 0
-    dead: int = 0
 
 
 class Monitor:
@@ -288,7 +156,7 @@ class Monitor:
         self.lease_key = f"aqw:{{{self.queue}}}:monitor"
         self.heartbeat_name = f"monitor:{self.queue}"
         self.evaluations = 0
-        self._baseline = _Baseline()
+        self._baseline = Baseline()
         self._active_alerts: dict[str, Alert] = {}
         self._is_active = False
         self._connected = False
@@ -325,9 +193,9 @@ class Monitor:
         states = await self.broker.job_states()
         firing: dict[str, Alert] = {}
         for alert in (
-            *self._check_depth(now, depth.waiting),
-            *self._check_retries(now, workers),
-            *self._check_stuck(now, workers, states),
+            *check_depth(self, self._baseline, now, depth.waiting),
+            *check_retries(self, now, workers),
+            *check_stuck(self, now, workers, states, self._active_alerts),
         ):
             firing[alert.key] = alert
         changes = self._transition(now, firing)
@@ -416,127 +284,6 @@ class Monitor:
             changes.append(gone)
         return changes
 
-    # -- the rules -------------------------------------------------------------------------
-
-    def _check_depth(self, now: float, depth: int) -> list[Alert]:
-        b = self._baseline
-        if b.value is None:
-            b.value, b.since, b.at = float(depth), now, now
-            return []
-        warm = now - b.since >= self.warmup
-        threshold = b.value * self.depth_factor
-        if warm and depth > threshold and depth >= self.depth_min:
-            if b.above_since is None:
-                b.above_since = now
-        else:
-            b.above_since = None
-            weight = 1.0 - 0.5 ** (max(0.0, now - b.at) / self.baseline_halflife)
-            b.value += weight * (depth - b.value)
-        b.at = now
-        if b.above_since is None or now - b.above_since < self.depth_for:
-            return []
-        summary = (
-            f"queue {self.queue!r}: {depth} jobs waiting, more than "
-            f"{self.depth_factor:g}x its baseline of {b.value:.1f} for "
-            f"{now - b.above_since:.0f}s"
-        )
-        details = {
-            "depth": depth,
-            "baseline": b.value,
-            "threshold": threshold,
-            "above_since": b.above_since,
-        }
-        return [Alert("queue_depth", self.queue, "warning", summary, details, now)]
-
-    def _check_retries(self, now: float, workers: list[dict[str, Any]]) -> list[Alert]:
-        window = "last_5m" if self.retry_window == 300.0 else "last_1m"
-        w = _Window()
-        for beat in workers:
-            counts = beat.get(window) or {}
-            w.processed += int(counts.get("processed", 0))
-            w.retried += int(counts.get("retried", 0))
-            w.dead += int(counts.get("dead", 0))
-        if w.processed + w.retried + w.dead < self.min_processed:
-            return []
-        rate = w.retried / w.processed if w.processed else math.inf
-        if rate <= self.retry_rate:
-            return []
-        shown = "all" if math.isinf(rate) else f"{rate:.1%}"
-        summary = (
-            f"queue {self.queue!r}: retries at {shown} of processed jobs over "
-            f"{self.retry_window:g}s ({w.retried} retried, {w.processed} processed), "
-            f"above {self.retry_rate:.0%}"
-        )
-        details = {
-            "processed": w.processed,
-            "retried": w.retried,
-            "dead": w.dead,
-            "rate": None if math.isinf(rate) else rate,
-            "window": self.retry_window,
-            "workers": len(workers),
-        }
-        return [Alert("retry_rate", self.queue, "warning", summary, details, now)]
-
-    def _sla(self, task: str) -> float | None:
-        if self.app is None or task not in self.app.tasks:
-            return None
-        return self.app.tasks[task].options.sla
-
-    def _check_stuck(
-        self, now: float, workers: list[dict[str, Any]], states: list[dict[str, str]]
-    ) -> list[Alert]:
-        out: dict[str, Alert] = {}
-        for beat in workers:
-            for job in beat.get("stuck") or []:
-                sla = float(job.get("sla") or 0)
-                running_for = now - float(job.get("started_at", now))
-                if sla <= 0 or running_for <= self.stuck_factor * sla:
-                    continue
-                summary = (
-                    f"job {job['job_id']} ({job.get('task')}) on {job.get('worker')} "
-                    f"has run {_secs(running_for)}, more than {self.stuck_factor:g}x its "
-                    f"SLA of {sla:g}s"
-                )
-                details = {**job, "reason": "sla", "running_for": running_for}
-                out[job["job_id"]] = self._stuck_alert(now, job["job_id"], summary, details)
-        live = {str(b.get("worker")) for b in workers}
-        for state in states:
-            job_id, worker = state.get("job_id", ""), state.get("worker", "")
-            if not job_id or job_id in out or worker in live:
-                continue
-            started = _float(state.get("started_at"), now)
-            expires = _float(state.get("lease_expires_at"), math.inf)
-            task_sla = self._sla(state.get("task", ""))
-            expected = self.stuck_factor * task_sla if task_sla else self.orphan_after
-            if expires > now and now - started <= expected:
-                continue
-            why = (
-                "its lease expired" if expires <= now else f"it started {_secs(now - started)} ago"
-            )
-            summary = (
-                f"job {job_id} ({state.get('task')}) is orphaned: worker {worker} no "
-                f"longer heartbeats and {why}"
-            )
-            details = {**state, "reason": "orphaned", "running_for": now - started}
-            out[job_id] = self._stuck_alert(now, job_id, summary, details)
-        return self._cap_job_alerts(now, list(out.values()))
-
-    def _cap_job_alerts(self, now: float, alerts: list[Alert]) -> list[Alert]:
-        if len(alerts) <= self.max_job_alerts:
-            return alerts
-        alerts.sort(
-            key=lambda a: (a.key not in self._active_alerts, now - a.details["running_for"])
-        )
-        kept, rest = alerts[: self.max_job_alerts], alerts[self.max_job_alerts :]
-        summary = f"queue {self.queue!r}: {len(rest)} more stuck or orphaned jobs"
-        details = {"count": len(rest), "job_ids": [a.details.get("job_id") for a in rest][:100]}
-        return [*kept, self._stuck_alert(now, "more", summary, details)]
-
-    def _stuck_alert(self, now: float, job_id: str, summary: str, details: dict[str, Any]) -> Alert:
-        return Alert(
-            "stuck_job", self.queue, "warning", summary, details, now, key=f"stuck_job:{job_id}"
-        )
-
     # -- shared state ----------------------------------------------------------------------
 
     async def _publish(self, now: float) -> None:
@@ -573,7 +320,7 @@ class Monitor:
             return
         state = last.get("state") or {}
         if state.get("baseline") is not None:
-            self._baseline = _Baseline(
+            self._baseline = Baseline(
                 float(state["baseline"]),
                 float(state["since"]),
                 float(state["at"]),
@@ -587,73 +334,3 @@ class Monitor:
             last.get("monitor"),
             len(alerts),
         )
-
-
-def _secs(seconds: float) -> str:
-    return f"{seconds:.1f}s" if seconds < 10 else f"{seconds:.0f}s"
-
-
-def _float(value: str | None, default: float) -> float:
-    try:
-        return float(value) if value is not None else default
-    except ValueError:
-        return default
-
-
-# -- `aqw monitor` --------------------------------------------------------------------------
-
-
-def add_parser(sub: Any) -> None:
-    """Add ``aqw monitor`` to the command line's subparsers."""
-    from .cli import _add_target
-
-    p = sub.add_parser("monitor", help="evaluate the alert rules of a queue until stopped")
-    _add_target(p, positional_app=False)
-    p.add_argument(
-        "--webhook",
-        action="append",
-        default=[],
-        metavar="URL",
-        help="POST alert transitions as JSON to URL (repeatable)",
-    )
-    p.add_argument("--interval", type=float, default=15.0, help="seconds between evaluations")
-
-
-async def run(args: argparse.Namespace) -> int:
-    """``aqw monitor``: run a ``Monitor`` until SIGTERM or SIGINT."""
-    from .cli import resolve_app
-
-    app = resolve_app(args, need_app=False)
-    otel = _configure_otel()
-    sinks: list[Sink] = [LogSink(), *(WebhookSink(url) for url in args.webhook)]
-    monitor = Monitor(app, sinks=sinks, interval=args.interval)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    try:
-        async with monitor:
-            await stop.wait()
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(sig)
-        await app.close()
-        if otel:
-            _call_telemetry("shutdown_otel")
-    return 0
-
-
-def _configure_otel() -> bool:
-    return bool(_call_telemetry("configure_otel", service_name="aqw-monitor"))
-
-
-def _call_telemetry(name: str, **kwargs: Any) -> Any:
-    """Call ``aqw.telemetry.<name>`` when that module and function exist."""
-    try:
-        telemetry = importlib.import_module("aqw.telemetry")
-    except ImportError:
-        return None
-    fn = getattr(telemetry, name, None)
-    return fn(**kwargs) if callable(fn) else None

@@ -1,0 +1,158 @@
+"""Measuring one setting of ``aqw bench``: drain a preloaded queue (jobs/s), then offer jobs
+at half that rate (latency), on a fresh queue; also the Redis helpers that find and delete
+the bench queue's keys."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from ._bench_worker import Children, InProcess, target
+from .brokers import Broker, from_url
+from .brokers.redis import RedisBroker
+
+PRELOAD_BATCH = 500
+
+
+@dataclass
+class Point:
+    """The result of one setting."""
+
+    processes: int
+    concurrency: int
+    prefetch: int
+    jobs_per_s: float | None = None
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    cpu_s_per_1k: float | None = None
+    ops_per_job: float | None = None
+    jobs: int = 0
+    failed: int = 0
+    error: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"--processes {self.processes} --concurrency {self.concurrency} " \
+               f"--prefetch {self.prefetch}"  # fmt: skip
+
+
+async def _server_ops(broker: Broker) -> int | None:
+    """Commands the Redis server has run so far (None when it cannot tell)."""
+    if not isinstance(broker, RedisBroker):
+        return None
+    try:
+        info: Any = await broker.client.info("commandstats")
+    except Exception:
+        return None
+    return sum(int(v.get("calls", 0)) for k, v in info.items()
+               if k.startswith("cmdstat_") and k != "cmdstat_info")  # fmt: skip
+
+
+async def queue_keys(broker: Broker) -> list[Any]:
+    """The keys of ``broker``'s queue (Redis only; none elsewhere)."""
+    if not isinstance(broker, RedisBroker):
+        return []
+    return [key async for key in broker.client.scan_iter(match=broker.keys.pattern(), count=1000)]
+
+
+async def delete_queue(url: str, queue: str) -> int:
+    """Delete every key of ``queue``: SCAN + DEL on Redis; forget an in-memory queue."""
+    if urlsplit(url).scheme == "memory":
+        from .brokers import memory
+
+        memory._QUEUES.pop(queue, None)
+        return 0
+    broker = from_url(url, queue)
+    try:
+        keys = await queue_keys(broker)
+        if isinstance(broker, RedisBroker):
+            for i in range(0, len(keys), 500):
+                await broker.client.delete(*keys[i : i + 500])
+        return len(keys)
+    finally:
+        await broker.close()
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+
+
+def _drain_rate(settled_at: list[float]) -> float | None:
+    t = sorted(settled_at)
+    if len(t) < 2:
+        return None
+    lo, hi = int(0.1 * len(t)), int(0.9 * len(t)) - 1
+    if hi - lo < 10 or t[hi] <= t[lo]:
+        lo, hi = 0, len(t) - 1
+    return (hi - lo) / (t[hi] - t[lo]) if t[hi] > t[lo] else None
+
+
+async def _until(pred: Callable[[], bool], limit: float, tick: Callable[[], None]) -> None:
+    deadline = time.monotonic() + limit
+    while not pred():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {limit:.0f}s")
+        tick()
+        await asyncio.sleep(0.01)
+
+
+async def measure(cfg: dict[str, Any], point: Point, tick: Callable[[str, int, int], None]) -> None:
+    """Run one setting on a fresh queue and fill in ``point``'s results; ``tick(phase, done,
+    target)`` is called as it goes (progress; it may raise to stop the bench)."""
+    await delete_queue(cfg["broker"], cfg["queue"])
+    app, task, payloads = target(cfg)
+    n, timeout = cfg["jobs"], cfg["timeout"]
+    workers: InProcess | Children | None = None
+    try:
+        ops0 = await _server_ops(app.broker)
+        for first in range(0, n, PRELOAD_BATCH):
+            tick("preload", first, n)
+            await app.enqueue(task, payloads(first, min(PRELOAD_BATCH, n - first)))
+        if cfg["in_process"]:
+            workers = InProcess(app, point.concurrency, point.prefetch)
+        else:
+            workers = Children(cfg, point.processes, point.concurrency, point.prefetch)
+        await workers.start()
+        w = workers
+        started = time.perf_counter()
+        await _until(lambda: w.done() >= n, timeout, lambda: tick("drain", w.done(), n))
+        estimate = n / max(time.perf_counter() - started, 1e-3)  # sets the offered rate only
+
+        rate = max(estimate / 2, 1.0)
+        offered = max(1, min(n, int(rate * cfg["latency_seconds"])))
+        phase2 = time.time()
+        started, sent = time.perf_counter(), 0
+        while sent < offered:
+            due = min(offered, int(rate * (time.perf_counter() - started)) + 1) - sent
+            if due > 0:
+                cpu0 = time.process_time()
+                await app.enqueue(task, payloads(n + sent, due))
+                w.producer_cpu += time.process_time() - cpu0
+                sent += due
+            tick("latency", w.done() - n, offered)
+            await asyncio.sleep(0.002)
+        await _until(lambda: w.done() >= n + sent, timeout,
+                     lambda: tick("latency", w.done() - n, offered))  # fmt: skip
+        final = await workers.stop()
+        ops1 = await _server_ops(app.broker)
+    finally:
+        if workers is not None:
+            await workers.close()
+        await app.close()
+    point.jobs, point.failed = len(final.times), final.failed
+    point.jobs_per_s = _drain_rate([b for a, b in final.times if a < phase2])
+    latencies = [(b - a) * 1000 for a, b in final.times if a >= phase2]
+    if latencies:
+        point.p50_ms, point.p99_ms = _percentile(latencies, 0.5), _percentile(latencies, 0.99)
+    if point.jobs:
+        point.cpu_s_per_1k = final.cpu / point.jobs * 1000
+        if ops0 is not None and ops1 is not None:
+            point.ops_per_job = (ops1 - ops0) / point.jobs
+
+
+# -- the report ---------------------------------------------------------------------------------

@@ -1,0 +1,69 @@
+"""``aqw monitor``: run a ``Monitor`` on a queue until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import signal
+from typing import Any
+
+from .alerts import LogSink, Sink, WebhookSink
+
+
+def add_parser(sub: Any) -> None:
+    """Add ``aqw monitor`` to the command line's subparsers."""
+    from .cli import _add_target
+
+    p = sub.add_parser("monitor", help="evaluate the alert rules of a queue until stopped")
+    _add_target(p, positional_app=False)
+    p.add_argument(
+        "--webhook",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="POST alert transitions as JSON to URL (repeatable)",
+    )
+    p.add_argument("--interval", type=float, default=15.0, help="seconds between evaluations")
+
+
+async def run(args: argparse.Namespace) -> int:
+    """``aqw monitor``: run a ``Monitor`` until SIGTERM or SIGINT."""
+    from .cli import resolve_app
+    from .monitor import Monitor  # here: aqw.monitor re-exports this module's functions
+
+    app = resolve_app(args, need_app=False)
+    otel = _configure_otel()
+    sinks: list[Sink] = [LogSink(), *(WebhookSink(url) for url in args.webhook)]
+    monitor = Monitor(app, sinks=sinks, interval=args.interval)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        async with monitor:
+            await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+        await app.close()
+        if otel:
+            _call_telemetry("shutdown_otel")
+    return 0
+
+
+def _configure_otel() -> bool:
+    return bool(_call_telemetry("configure_otel", service_name="aqw-monitor"))
+
+
+def _call_telemetry(name: str, **kwargs: Any) -> Any:
+    """Call ``aqw.telemetry.<name>`` when that module and function exist."""
+    try:
+        telemetry = importlib.import_module("aqw.telemetry")
+    except ImportError:
+        return None
+    fn = getattr(telemetry, name, None)
+    return fn(**kwargs) if callable(fn) else None
