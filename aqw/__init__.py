@@ -5,6 +5,7 @@ Amazon SQS or an in-process broker; retries with backoff, a dead-letter queue, a
 graceful shutdown.
 """
 
+from ._running import WorkerStats
 from .app import App
 from .brokers.base import Broker, DeadJob, QueueDepth
 from .cache import Cache, CacheEntry
@@ -29,7 +30,7 @@ from .lease import Lease, LeaseBackend, LeaseKeeper, RedisLeaseBackend
 from .monitor import Alert, CallbackSink, LogSink, Monitor, Sink, WebhookSink
 from .redlock import RedlockBackend
 from .retry import RetryPolicy
-from .runtime import Worker, WorkerStats
+from .runtime import Worker
 from .task import Enqueued, Task
 from .telemetry import Telemetry
 

@@ -11,34 +11,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import time
 import traceback
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import Status, StatusCode
-from pydantic import ValidationError
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ._heartbeat import report_stuck, stuck_jobs, summary
 from ._ids import consumer_name
 from ._keys import QueueKeys
+from ._locks import ResourceLock
+from ._outcome import Outcome, describe, run_handler
+from ._running import STATE_AFTER, RunningJob, WorkerStats
 from ._stats import SlidingStats
+from ._transient import TRANSIENT, Backoff, with_retries
 from .brokers.base import Delivery, Failure, QueueDepth
 from .context import Context
 from .errors import (
     BrokerUnavailable,
     ConfigError,
-    JobTimeout,
     LeaseLost,
     LeaseUnavailable,
     MalformedJob,
-    Reject,
     Retry,
     TooManyDeliveries,
     UnknownTask,
@@ -49,9 +47,7 @@ from .lease import Lease, LeaseKeeper
 from .telemetry import (
     ATTR_DLQ_REASON,
     ATTR_RETRY_DELAY,
-    EVENT_STUCK,
     JobTrace,
-    Telemetry,
     now_ns,
 )
 
@@ -61,90 +57,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("aqw.worker")
 
-#: Errors that mean "the broker is unreachable right now": retried with backoff.
-TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionError, TimeoutError, OSError)
-
 FIRST_FAILURE = "aqw-first-failure"
 
 #: In burst mode, delayed jobs due within this many seconds are waited for.
 BURST_HORIZON = 10.0
-
-
-@dataclass(slots=True)
-class WorkerStats:
-    """Counters of one worker since it started."""
-
-    processed: int = 0
-    failed: int = 0
-    retried: int = 0
-    dead: int = 0
-    lease_lost: int = 0
-    lease_busy: int = 0
-    requeued: int = 0
-    malformed: int = 0
-    duplicates_skipped: int = 0
-    stuck: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
-
-
-class _Run:
-    """A job while it runs here: what ``app.job_status`` and the watchdog see."""
-
-    __slots__ = ("job", "lease", "message", "progress", "published", "started", "timer", "trace")
-
-    def __init__(self, job: Job, lease: Lease, trace: JobTrace) -> None:
-        self.job = job
-        self.lease = lease
-        self.trace = trace
-        self.started = time.time()
-        self.progress = 0.0
-        self.message = ""
-        self.published = False
-        self.timer: asyncio.TimerHandle | None = None
-
-    def state(self, worker: str) -> dict[str, str]:
-        return {
-            "state": "running",
-            "job_id": self.job.id,
-            "task": self.job.task,
-            "attempt": str(self.job.attempt),
-            "worker": worker,
-            "started_at": repr(self.started),
-            "lease_expires_at": repr(self.lease.expires_at),
-            "fencing_token": str(self.lease.fencing_token),
-            "progress": repr(self.progress),
-            "message": self.message,
-        }
-
-
-#: A job's running state is published once it has run this long (or reports progress),
-#: so the many short jobs cost no extra round trips.
-STATE_AFTER = 0.5
-
-
-@dataclass(slots=True)
-class _Outcome:
-    """What the handler's run asks the settle step to do."""
-
-    kind: str  # "ok" | "retry" | "dead"
-    error: BaseException | None = None
-    delay: float | None = None
-
-
-class _Backoff:
-    def __init__(self, base: float = 0.1, cap: float = 5.0) -> None:
-        self.base, self.cap, self.n = base, cap, 0
-
-    def next(self) -> float:
-        import random
-
-        self.n += 1
-        return random.uniform(0, min(self.cap, self.base * 2 ** min(self.n, 16)))
-
-    def reset(self) -> None:
-        self.n = 0
 
 
 class Worker:
@@ -194,7 +110,8 @@ class Worker:
         self.started_at = 0.0
         self._in_flight = 0
         self._jobs: dict[asyncio.Task[None], str] = {}  # job task -> its delivery id
-        self._running: dict[str, _Run] = {}
+        self._settling: set[asyncio.Task[Any]] = set()
+        self._running: dict[str, RunningJob] = {}
         self._buffer: deque[Delivery] = deque()
         self._slot_free = asyncio.Event()
         self._stop = asyncio.Event()
@@ -294,10 +211,9 @@ class Worker:
             log.info("waiting up to %.1fs for %d running jobs", grace, len(self._jobs))
             _, pending = await asyncio.wait(set(self._jobs), timeout=grace)
             if pending:
-                log.warning("cancelling %d jobs still running after %.1fs", len(pending), grace)
-                for task in pending:
-                    task.cancel()
-                await asyncio.gather(*pending, return_exceptions=True)
+                await self._cancel_jobs(pending, grace)
+        if self._background:  # e.g. dead-lettering a malformed message
+            await asyncio.wait(set(self._background), timeout=5.0)
         await self.keeper.close()
         self.tel.remove_gauges(self._gauges)
         with contextlib.suppress(Exception):
@@ -306,6 +222,21 @@ class Worker:
             self._remove_signal_handlers()
         self.state = "stopped"
         log.info("worker %s stopped: %s", self.name, self.stats.as_dict())
+
+    async def _cancel_jobs(self, pending: set[asyncio.Task[None]], grace: float) -> None:
+        """Cancel jobs still running after the grace period (they hand themselves back for
+        immediate redelivery), but let a job that is already settling finish its settle
+        step: it is done, and cancelling it now would only make it run again."""
+        running = {t for t in pending if t not in self._settling}
+        log.warning("cancelling %d jobs still running after %.1fs", len(running), grace)
+        deadline = time.monotonic() + self._max_ttl
+        while pending and time.monotonic() < deadline:
+            for task in pending:
+                if task not in self._settling:
+                    task.cancel()  # again each pass: a client may swallow one cancellation
+            _, pending = await asyncio.wait(pending, timeout=1.0)
+        if pending:
+            log.error("%d jobs did not stop; abandoning them to redelivery", len(pending))
 
     def _install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
@@ -326,7 +257,7 @@ class Worker:
     # -- background loops ------------------------------------------------------------------
 
     async def _fetch_loop(self) -> None:
-        backoff = _Backoff()
+        backoff = Backoff()
         while not self._stop.is_set():
             free = self.concurrency - self._in_flight
             while free > 0 and self._buffer:
@@ -385,7 +316,7 @@ class Worker:
             self._stop.set()
 
     async def _promote_loop(self) -> None:
-        backoff = _Backoff()
+        backoff = Backoff()
         while not self._stop.is_set():
             try:
                 wait = await self.broker.promote_due()
@@ -424,7 +355,7 @@ class Worker:
         jobs (running longer than twice their task's ``sla``) every second."""
         last_beat = 0.0
         while not self._stop.is_set():
-            self._watch_stuck()
+            report_stuck(self)
             now = time.monotonic()
             if now - last_beat >= self.heartbeat:
                 last_beat = now
@@ -445,66 +376,14 @@ class Worker:
             readings += self.tel.depth_readings(self._depth)
         return readings
 
-    def stuck_jobs(self) -> list[dict[str, Any]]:
-        """Jobs running longer than twice their task's ``sla``."""
-        now = time.time()
-        out = []
-        for run in self._running.values():
-            task = self.app.tasks.get(run.job.task)
-            sla = task.options.sla if task is not None else None
-            if sla is not None and now - run.started > 2 * sla:
-                out.append({"job_id": run.job.id, "task": run.job.task, "sla": sla,
-                            "started_at": run.started, "running_for": now - run.started,
-                            "worker": self.name})  # fmt: skip
-        return out
-
-    def _watch_stuck(self) -> None:
-        for stuck in self.stuck_jobs():
-            if stuck["job_id"] in self._stuck_reported:
-                continue
-            self._stuck_reported.add(stuck["job_id"])
-            self.stats.stuck += 1
-            self.tel.count("aqw.jobs.stuck", stuck["task"])
-            run = self._running.get(stuck["job_id"])
-            if run is not None:
-                run.trace.event(EVENT_STUCK, {"aqw.sla": stuck["sla"]})
-            log.warning(
-                "job %s (%s) is stuck: running %.1fs, more than 2x its SLA of %.1fs",
-                stuck["job_id"], stuck["task"], stuck["running_for"], stuck["sla"],
-            )  # fmt: skip
-        self._stuck_reported &= set(self._running)
-
     def summary(self) -> dict[str, Any]:
         """What this worker publishes in its heartbeat: state, counters, recent rates,
         duration quantiles, running and stuck jobs, and the most frequent errors."""
-        return {
-            "worker": self.name,
-            "queue": self.app.queue,
-            "pid": os.getpid(),
-            "state": self.state,
-            "at": time.time(),
-            "started_at": self.started_at,
-            "concurrency": self.concurrency,
-            "in_flight": self._in_flight,
-            "leases": len(self.keeper),
-            "totals": self.stats.as_dict(),
-            "last_1m": self.window.totals(60),
-            "last_5m": self.window.totals(300),
-            "duration_5m": self.window.quantiles((0.5, 0.99)),
-            "running": [
-                {
-                    "job_id": r.job.id,
-                    "task": r.job.task,
-                    "attempt": r.job.attempt,
-                    "started_at": r.started,
-                    "progress": r.progress,
-                }
-                for r in list(self._running.values())[:100]
-            ],
-            "stuck": self.stuck_jobs(),
-            "errors": [vars_of(e) for e in self.errors.top(10)],
-            "runaway": sorted(t for t in self.app.tasks if self.runaway.running_away(t)),
-        }
+        return summary(self)
+
+    def stuck_jobs(self) -> list[dict[str, Any]]:
+        """Jobs running longer than twice their task's ``sla``."""
+        return stuck_jobs(self)
 
     async def _give_back_buffer(self) -> None:
         while self._buffer:
@@ -522,6 +401,7 @@ class Worker:
 
     def _job_done(self, task: asyncio.Task[None]) -> None:
         self._jobs.pop(task, None)
+        self._settling.discard(task)
         self._in_flight -= 1
         self._slot_free.set()
         if not task.cancelled() and task.exception() is not None:
@@ -563,7 +443,7 @@ class Worker:
             tel.observe("aqw.job.wait", max(0.0, time.time() - job.enqueued_at), job.task)
             lease.on_renewed(lambda _: tel.count("aqw.lease.renewals", job.task))
             lease.on_lost(lambda _: tel.count("aqw.lease.lost", job.task))
-        run = _Run(job, lease, jt)
+        run = RunningJob(job, lease, jt)
         error: BaseException | None = None
         lease_started = now_ns() if tel.tracing else 0
         try:
@@ -575,14 +455,14 @@ class Worker:
                         STATE_AFTER, self._publish_later, run
                     )
                     if job.key is not None and await self.broker.is_completed(job):
-                        outcome = _Outcome("skip")
+                        outcome = Outcome("skip")
                     else:
                         began = time.perf_counter()
                         with jt.handler() as span:
-                            outcome = await self._run_handler(task, job, payload, lease)
+                            outcome = await run_handler(task, payload, Context(job, lease, self))
                             if outcome.error is not None and span is not None:
                                 span.record_exception(outcome.error)
-                                span.set_status(Status(StatusCode.ERROR, _describe(outcome.error)))
+                                span.set_status(Status(StatusCode.ERROR, describe(outcome.error)))
                         elapsed = time.perf_counter() - began
                         self.window.duration(elapsed)
                         tel.observe("aqw.job.duration", elapsed, job.task)
@@ -602,12 +482,15 @@ class Worker:
                 await self._give_back(delivery)
                 raise
             error = outcome.error
+            current = asyncio.current_task()
+            if current is not None:
+                self._settling.add(current)  # finished: a shutdown must not cancel its settle
             await self._settle(task, delivery, job, lease, outcome, jt)
         finally:
             self._finish_run(run)
             jt.end(error)
 
-    def _finish_run(self, run: _Run) -> None:
+    def _finish_run(self, run: RunningJob) -> None:
         if self._running.get(run.job.id) is run:
             del self._running[run.job.id]
         if run.timer is not None:
@@ -615,12 +498,12 @@ class Worker:
         if run.published:
             self._spawn(self.broker.clear_job_state(run.job.id))
 
-    def _publish_later(self, run: _Run) -> None:
+    def _publish_later(self, run: RunningJob) -> None:
         run.timer = None
         if self._running.get(run.job.id) is run:
             self._spawn(self._publish_state(run))
 
-    async def _publish_state(self, run: _Run) -> None:
+    async def _publish_state(self, run: RunningJob) -> None:
         run.published = True
         await self.broker.set_job_state(run.job.id, run.state(self.name), run.lease.ttl)
 
@@ -660,46 +543,17 @@ class Worker:
             return None
         return delivery.job
 
-    async def _run_handler(self, task: Task[Any], job: Job, payload: Any, lease: Lease) -> _Outcome:
-        ctx = Context(job, lease, self)
-        args, kwargs = task.codec.call_args(payload, ctx)
-        timeout = task.options.timeout
-        try:
-            if timeout is None:
-                await task.fn(*args, **kwargs)
-            else:
-                scope = asyncio.timeout(timeout)
-                try:
-                    async with scope:
-                        await task.fn(*args, **kwargs)
-                except TimeoutError:
-                    if not scope.expired():
-                        raise
-                    raise JobTimeout(f"handler ran longer than its timeout of {timeout}s") from None
-        except LeaseLost:
-            raise  # e.g. refused by a fenced datastore write: not a failure of the job
-        except Reject as exc:
-            return _Outcome("dead", exc)
-        except Retry as exc:
-            return _Outcome("retry", exc, exc.delay)
-        except Exception as exc:
-            retryable = task.options.retry.is_retryable(exc) and not isinstance(
-                exc, ValidationError
-            )
-            return _Outcome("retry" if retryable else "dead", exc)
-        return _Outcome("ok")
-
     async def _settle(
         self,
         task: Task[Any],
         delivery: Delivery,
         job: Job,
         lease: Lease,
-        outcome: _Outcome,
+        outcome: Outcome,
         jt: JobTrace,
     ) -> None:
         if outcome.kind in ("ok", "skip"):
-            if await self._with_retries(partial(self.broker.ack, delivery, lease)):
+            if await self._settle_step(partial(self.broker.ack, delivery, lease)):
                 jt.settled("ack" if outcome.kind == "ok" else "skip")
                 if outcome.kind == "skip":
                     self.stats.duplicates_skipped += 1
@@ -735,7 +589,7 @@ class Worker:
                 job.id, job.task, job.attempt, type(error).__name__, error, delay,
             )  # fmt: skip
             retry = partial(self.broker.retry, delivery, nxt, time.time() + delay, lease)
-            if await self._with_retries(retry):
+            if await self._settle_step(retry):
                 jt.settled("retry", {ATTR_RETRY_DELAY: delay})
                 self.stats.retried += 1
                 self.window.count("retried")
@@ -746,7 +600,7 @@ class Worker:
             return
         self.runaway.record(task.name, False)
         if await self._dead_letter(delivery, error, lease):
-            jt.settled("dead_letter", {ATTR_DLQ_REASON: _describe(error)})
+            jt.settled("dead_letter", {ATTR_DLQ_REASON: describe(error)})
         else:
             self._lost_at_settle(job)
 
@@ -766,7 +620,7 @@ class Worker:
     ) -> bool:
         job = delivery.job
         first = float(job.headers.get(FIRST_FAILURE, 0) or 0) if job else 0.0
-        reason = _describe(error, payload_error)
+        reason = describe(error, payload_error)
         failure = Failure(
             error_type=type(error).__name__,
             error=reason,
@@ -778,7 +632,7 @@ class Worker:
         attempts = job.attempt if job else delivery.delivery_count
         log.error("dead-lettering message %s (%s): %s", delivery.id,
                   job.task if job else "undecodable", reason)  # fmt: skip
-        ok = await self._with_retries(
+        ok = await self._settle_step(
             partial(self.broker.dead_letter, delivery, failure, attempts, lease)
         )
         if ok:
@@ -799,30 +653,8 @@ class Worker:
             log.warning("could not hand back %s (%r); it is redelivered after its idle time",
                         delivery.id, exc)  # fmt: skip
 
-    async def _with_retries(self, step: Callable[[], Awaitable[bool]]) -> bool:
-        """Run a settle step, retrying a lost connection for up to ``lease_ttl``.
-
-        Once sent, a step completes even if this task is cancelled (the command batcher
-        owns the round trip); the retries run shielded for the same reason."""
-        try:
-            return await step()
-        except TRANSIENT as exc:
-            first_error: BaseException = exc
-        deadline = time.monotonic() + self._max_ttl
-        backoff = _Backoff(0.05, 2.0)
-
-        async def again() -> bool:
-            error = first_error
-            while time.monotonic() < deadline:
-                await asyncio.sleep(backoff.next())
-                try:
-                    return await step()
-                except TRANSIENT as exc:
-                    error = exc
-            log.error("could not settle after retrying (%r); it will be redelivered", error)
-            return False
-
-        return await asyncio.shield(asyncio.ensure_future(again()))
+    async def _settle_step(self, step: Callable[[], Awaitable[bool]]) -> bool:
+        return await with_retries(step, within=self._max_ttl)
 
     # -- handler helpers -------------------------------------------------------------------
 
@@ -830,48 +662,7 @@ class Worker:
         """A lease on a named resource of this queue, renewed by this worker's keeper;
         its acquisitions are traced and its contention counted."""
         key = QueueKeys(self.app.queue).lock(name)
-        return _ResourceLock(
+        return ResourceLock(
             self.tel, name, self.broker.lease_backend(), key, ttl=ttl, wait=wait,
             keeper=self.keeper,
         )  # fmt: skip
-
-
-class _ResourceLock(Lease):
-    """A handler's resource lease that reports contention (refused or waited acquisitions,
-    and the time waited) to telemetry."""
-
-    def __init__(self, tel: Telemetry, name: str, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._tel = tel
-        self._name = name
-
-    async def acquire(self) -> None:
-        with self._tel.lock(self._name):
-            try:
-                await super().acquire()
-            except LeaseUnavailable as exc:
-                self._tel.count("aqw.lock.contended")
-                self._tel.observe("aqw.lock.wait", exc.waited)
-                raise
-        if self.waited > 0:
-            self._tel.count("aqw.lock.contended")
-            self._tel.observe("aqw.lock.wait", self.waited)
-
-
-def vars_of(obj: Any) -> dict[str, Any]:
-    """A slotted dataclass as a dict."""
-    return {name: getattr(obj, name) for name in obj.__slots__}
-
-
-def _describe(error: BaseException, payload_error: bool = False) -> str:
-    if isinstance(error, ValidationError):
-        parts = []
-        for err in error.errors(include_url=False)[:5]:
-            where = ".".join(str(p) for p in err["loc"]) or "payload"
-            parts.append(f"{where}: {err['msg']}")
-        what = "payload failed validation" if payload_error else "ValidationError"
-        return f"{what}: " + "; ".join(parts)
-    if payload_error:
-        return f"payload failed validation: {type(error).__name__}: {error}"
-    text = str(error)
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__

@@ -1,0 +1,82 @@
+"""What a worker tells the outside: its heartbeat summary (read by ``aqw status`` and the
+monitor) and the stuck-job watchdog (jobs running past twice their task's SLA)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from ._running import vars_of
+from .telemetry import EVENT_STUCK
+
+if TYPE_CHECKING:
+    from .runtime import Worker
+
+log = logging.getLogger("aqw.worker")
+
+
+def stuck_jobs(worker: Worker) -> list[dict[str, Any]]:
+    """Jobs of ``worker`` running longer than twice their task's ``sla``."""
+    now = time.time()
+    out = []
+    for run in worker._running.values():
+        task = worker.app.tasks.get(run.job.task)
+        sla = task.options.sla if task is not None else None
+        if sla is not None and now - run.started > 2 * sla:
+            out.append({"job_id": run.job.id, "task": run.job.task, "sla": sla,
+                        "started_at": run.started, "running_for": now - run.started,
+                        "worker": worker.name})  # fmt: skip
+    return out
+
+
+def report_stuck(worker: Worker) -> None:
+    """Log, count and trace each newly stuck job once."""
+    for stuck in stuck_jobs(worker):
+        if stuck["job_id"] in worker._stuck_reported:
+            continue
+        worker._stuck_reported.add(stuck["job_id"])
+        worker.stats.stuck += 1
+        worker.tel.count("aqw.jobs.stuck", stuck["task"])
+        run = worker._running.get(stuck["job_id"])
+        if run is not None:
+            run.trace.event(EVENT_STUCK, {"aqw.sla": stuck["sla"]})
+        log.warning(
+            "job %s (%s) is stuck: running %.1fs, more than 2x its SLA of %.1fs",
+            stuck["job_id"], stuck["task"], stuck["running_for"], stuck["sla"],
+        )  # fmt: skip
+    worker._stuck_reported &= set(worker._running)
+
+
+def summary(worker: Worker) -> dict[str, Any]:
+    """What this worker publishes in its heartbeat: state, counters, recent rates,
+    duration quantiles, running and stuck jobs, and the most frequent errors."""
+    return {
+        "worker": worker.name,
+        "queue": worker.app.queue,
+        "pid": os.getpid(),
+        "state": worker.state,
+        "at": time.time(),
+        "started_at": worker.started_at,
+        "concurrency": worker.concurrency,
+        "in_flight": worker._in_flight,
+        "leases": len(worker.keeper),
+        "totals": worker.stats.as_dict(),
+        "last_1m": worker.window.totals(60),
+        "last_5m": worker.window.totals(300),
+        "duration_5m": worker.window.quantiles((0.5, 0.99)),
+        "running": [
+            {
+                "job_id": r.job.id,
+                "task": r.job.task,
+                "attempt": r.job.attempt,
+                "started_at": r.started,
+                "progress": r.progress,
+            }
+            for r in list(worker._running.values())[:100]
+        ],
+        "stuck": stuck_jobs(worker),
+        "errors": [vars_of(e) for e in worker.errors.top(10)],
+        "runaway": sorted(t for t in worker.app.tasks if worker.runaway.running_away(t)),
+    }
