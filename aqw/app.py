@@ -16,10 +16,11 @@ from .brokers import Broker, from_url
 from .errors import ConfigError, UnknownTask
 from .job import Job
 from .retry import RetryPolicy
-from .task import Enqueued, Handler, Task, TaskOptions
+from .task import Enqueued, Handler, Invalidates, Task, TaskOptions
 from .telemetry import Telemetry
 
 if TYPE_CHECKING:
+    from .cache import Cache
     from .dlq import DeadLetters
     from .runtime import Worker
 
@@ -46,6 +47,8 @@ class App:
         meter_provider: an OpenTelemetry meter provider (default: the global one).
         trace_link: start each job's ``process`` span in a new trace linked to the
             producer's span instead of as its child.
+        cache: the ``Cache`` handlers reach as ``ctx.cache``, and where tasks declared with
+            ``invalidates=`` invalidate keys when they complete.
     """
 
     def __init__(
@@ -61,6 +64,7 @@ class App:
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
         trace_link: bool = False,
+        cache: Cache | None = None,
     ) -> None:
         validate_queue_name(queue)
         if lease_ttl <= 0:
@@ -81,6 +85,7 @@ class App:
         self.idempotency_ttl = idempotency_ttl
         self.broker.completion_ttl = idempotency_ttl
         self.tasks: dict[str, Task[Any]] = {}
+        self.cache = cache
         self._tracer_provider = tracer_provider
         self._meter_provider = meter_provider
         self._trace_link = trace_link
@@ -122,6 +127,7 @@ class App:
         lease_ttl: float | None = None,
         timeout: float | None = None,
         sla: float | None = None,
+        invalidates: Invalidates | None = None,
     ) -> Callable[[Handler[R]], Task[R]]: ...
 
     def task(
@@ -135,6 +141,7 @@ class App:
         lease_ttl: float | None = None,
         timeout: float | None = None,
         sla: float | None = None,
+        invalidates: Invalidates | None = None,
     ) -> Task[R] | Callable[[Handler[R]], Task[R]]:
         """Register an ``async def`` handler: ``@app.task`` or ``@app.task(max_retries=5)``.
 
@@ -145,6 +152,10 @@ class App:
             lease_ttl: seconds the job's lease lives between renewals.
             timeout: seconds the handler may run before it is cancelled and retried.
             sla: the expected duration in seconds; a job running past 2x is reported stuck.
+            invalidates: cache keys to invalidate in the app's ``cache`` when a job of this
+                task completes, after the handler's datastore write and before the ack: key
+                templates formatted with the payload's fields (``"user:{user_id}"``), or a
+                function of the payload returning keys.
         """
 
         def register(handler: Handler[R]) -> Task[R]:
@@ -162,7 +173,11 @@ class App:
                 raise ConfigError(f"task {task_name!r}: timeout must be > 0, got {limit!r}")
             if sla is not None and sla <= 0:
                 raise ConfigError(f"task {task_name!r}: sla must be > 0, got {sla!r}")
-            options = TaskOptions(policy, ttl, limit, sla, self.max_deliveries)
+            if invalidates is not None and self.cache is None:
+                raise ConfigError(
+                    f"task {task_name!r}: invalidates= needs a cache: App(..., cache=aqw.Cache(r))"
+                )
+            options = TaskOptions(policy, ttl, limit, sla, self.max_deliveries, invalidates)
             task = Task(self, handler, task_name, options)
             self.tasks[task_name] = task
             return task

@@ -10,6 +10,7 @@ from .errors import ConfigError
 from .lease import Lease
 
 if TYPE_CHECKING:
+    from .cache import Cache
     from .idempotency import SqlCompletionStore
     from .job import Job
     from .runtime import Worker
@@ -48,6 +49,14 @@ class Context:
     def attempt(self) -> int:
         """1 on the first run, 2 on the first retry, and so on."""
         return self.job.attempt
+
+    @property
+    def cache(self) -> Cache:
+        """The app's ``Cache`` (``App(cache=...)``); its hits and misses are counted."""
+        cache = self.worker.app.cache
+        if cache is None:
+            raise ConfigError("ctx.cache: the app has no cache; pass App(..., cache=aqw.Cache(r))")
+        return cache
 
     @property
     def fencing_token(self) -> int:

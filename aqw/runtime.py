@@ -164,6 +164,9 @@ class Worker:
         if self.handle_signals:
             self._install_signal_handlers()
         self.tel.add_gauges(self._gauges)
+        cache = self.app.cache
+        if cache is not None and cache.on_event is None and self.tel.metering:
+            cache.on_event = self.tel.cache_hook()
         log.info(
             "worker %s started: queue=%r concurrency=%d tasks=%s",
             self.name, self.app.queue, self.concurrency, ", ".join(sorted(self.app.tasks)),
@@ -460,6 +463,8 @@ class Worker:
                         began = time.perf_counter()
                         with jt.handler() as span:
                             outcome = await run_handler(task, payload, Context(job, lease, self))
+                            if outcome.kind == "ok" and task.options.invalidates is not None:
+                                outcome = await self._invalidate(task, payload)
                             if outcome.error is not None and span is not None:
                                 span.record_exception(outcome.error)
                                 span.set_status(Status(StatusCode.ERROR, describe(outcome.error)))
@@ -652,6 +657,19 @@ class Worker:
         except Exception as exc:
             log.warning("could not hand back %s (%r); it is redelivered after its idle time",
                         delivery.id, exc)  # fmt: skip
+
+    async def _invalidate(self, task: Task[Any], payload: Any) -> Outcome:
+        """Invalidate the task's cache keys after its write and before its ack, so no stale
+        entry is visible once the job is acknowledged; a failure reruns the job."""
+        assert self.app.cache is not None
+        try:
+            keys = task.options.keys_to_invalidate(payload)
+            if keys:
+                await self.app.cache.invalidate(*keys)
+        except Exception as exc:
+            log.warning("task %s: invalidating its cache keys failed (%r)", task.name, exc)
+            return Outcome("retry", exc)
+        return Outcome("ok")
 
     async def _settle_step(self, step: Callable[[], Awaitable[bool]]) -> bool:
         return await with_retries(step, within=self._max_ttl)

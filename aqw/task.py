@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import typing
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -34,6 +34,11 @@ class Enqueued(str):
         return self
 
 
+#: Cache keys a task invalidates when a job completes: templates formatted with the payload's
+#: fields, or a function of the payload.
+Invalidates = Sequence[str] | Callable[[Any], Iterable[str]]
+
+
 @dataclass(frozen=True, slots=True)
 class TaskOptions:
     """Per-task settings, resolved against the app's defaults at registration."""
@@ -43,6 +48,21 @@ class TaskOptions:
     timeout: float | None
     sla: float | None
     max_deliveries: int
+    invalidates: Invalidates | None = None
+
+    def keys_to_invalidate(self, payload: Any) -> list[str]:
+        """The cache keys a completed job with ``payload`` invalidates."""
+        if self.invalidates is None:
+            return []
+        if callable(self.invalidates):
+            return list(self.invalidates(payload))
+        if isinstance(payload, BaseModel):
+            fields = payload.model_dump()
+        elif isinstance(payload, dict):
+            fields = payload
+        else:
+            fields = {"payload": payload}
+        return [template.format(**fields) for template in self.invalidates]
 
 
 class PayloadCodec:
