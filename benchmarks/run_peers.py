@@ -13,8 +13,11 @@ listed as such.  Each run is killed after ``--timeout`` seconds.  Arguments afte
 ``--`` are passed to every peer script (see ``benchmarks/peers/_bench.py``).
 
 Every script prints one JSON line; with ``--repeat N`` each figure is the median
-of the N runs (all runs are kept).  The table goes to stdout and everything to
-``benchmarks/results/peers.json`` (``--plot`` also draws ``peers.png``).
+of the N runs (all runs are kept).  Repeats are interleaved: round 1 runs every
+peer once, then round 2, ..., each round starting one peer further along, so
+machine noise (a shared VM's neighbours) hits every peer alike.  The table goes
+to stdout and everything to ``benchmarks/results/peers.json`` (``--plot`` also
+draws ``peers.png``).
 """
 
 from __future__ import annotations
@@ -123,11 +126,12 @@ def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for metric in METRICS:
         values = [r[metric] for r in runs if isinstance(r.get(metric), int | float)]
         row[metric] = round(statistics.median(values), 2) if values else None
-    errors = sorted({r["error"] for r in runs if r.get("error")})
-    if errors:
-        row["error"] = "; ".join(errors)
-    else:
-        row.pop("error", None)
+    for key in ("error", "note"):
+        texts = sorted({r[key] for r in runs if r.get(key)})
+        if texts:
+            row[key] = "; ".join(texts)
+        else:
+            row.pop(key, None)
     row["runs"] = len(runs)
     return row
 
@@ -148,7 +152,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             fmt(r.get("latency_p50_ms"), 2),
             fmt(r.get("latency_p99_ms"), 2),
             str(r.get("version", "-")),
-            r.get("error") or r.get("skipped") or "",
+            r.get("error") or r.get("skipped") or r.get("note") or "",
         )
         for r in rows
     ]
@@ -213,22 +217,30 @@ def main() -> int:
         p.error(f"unknown peer(s) {sorted(unknown)}; known: {sorted(known)}")
 
     load_before = os.getloadavg()
-    rows: list[dict[str, Any]] = []
-    all_runs: dict[str, list[dict[str, Any]]] = {}
+    skipped: dict[str, str] = {}
+    runnable: list[Peer] = []
     for peer in PEERS:
         if args.only and peer.name not in args.only:
             continue
         if reason := available(peer):
             print(f"[{peer.name}] skipped: {reason}", file=sys.stderr)
-            rows.append({"name": peer.name, "skipped": reason})
-            continue
-        runs = []
-        for i in range(args.repeat):
+            skipped[peer.name] = reason
+        else:
+            runnable.append(peer)
+    all_runs: dict[str, list[dict[str, Any]]] = {peer.name: [] for peer in runnable}
+    for i in range(args.repeat):
+        shift = i % len(runnable) if runnable else 0
+        for peer in runnable[shift:] + runnable[:shift]:
             print(f"[{peer.name}] run {i + 1}/{args.repeat} ...", file=sys.stderr, flush=True)
-            runs.append(run_once(peer, extra, args.timeout))
-            print(f"[{peer.name}] {json.dumps(runs[-1])}", file=sys.stderr, flush=True)
-        all_runs[peer.name] = runs
-        rows.append(combine(runs))
+            run = run_once(peer, extra, args.timeout)
+            all_runs[peer.name].append(run)
+            print(f"[{peer.name}] {json.dumps(run)}", file=sys.stderr, flush=True)
+    rows: list[dict[str, Any]] = []
+    for peer in PEERS:
+        if peer.name in skipped:
+            rows.append({"name": peer.name, "skipped": skipped[peer.name]})
+        elif peer.name in all_runs:
+            rows.append(combine(all_runs[peer.name]))
 
     print(table(rows))
     report = {

@@ -13,6 +13,10 @@
 # would run at least one peer on a redis-py it does not support.  Each peer is
 # installed unpinned and gets whatever pip resolves for it alone.
 #
+# aqw is always reinstalled from this repository (--force-reinstall --no-deps after
+# its dependencies are in place), so the code measured is the working tree's, even
+# when the version number did not change.
+#
 # A peer that fails to install is reported and skipped (run_peers.py only runs
 # peers whose venv imports); this script still exits 0 in that case.
 #
@@ -63,6 +67,8 @@ for entry in "${peers[@]}"; do
     venv="$root/peers/$name"
     # shellcheck disable=SC2086  # specs is a deliberate word list
     if make_venv "$venv" && pip_install "$venv" "$name" $specs \
+        && { [[ "$name" != aqw ]] \
+            || pip_install "$venv" aqw-reinstall --no-deps --force-reinstall "$here/.."; } \
         && "$venv/bin/python" -c "$check" 2>>"$logs/$name.log"; then
         installed+=("$name")
     else

@@ -346,7 +346,7 @@ async def test_the_worker_slows_a_runaway_task_and_recovers(
     gaps = [b - a for a, b in itertools.pairwise(starts)]
     # the delay after failure k uses the k - 1 runs recorded before it: the 6th is the first slowed
     assert all(g < 0.15 for g in gaps[:5]), gaps
-    assert all(g >= 0.3 for g in gaps[5:7]), gaps  # 0.02 s x 15
+    assert all(g >= 0.28 for g in gaps[5:7]), gaps  # 0.02 s x 15 (wall and monotonic clocks differ)
     assert all(g < 0.15 for g in gaps[8:10]), gaps  # recovered
     logs = runaway_logs(caplog)
     assert len(logs) == 1, [r.getMessage() for r in logs]

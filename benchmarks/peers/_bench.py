@@ -4,17 +4,30 @@ Every ``benchmarks/peers/*.py`` script implements one small adapter (a
 :class:`Session`) over its library's public API and hands it to :func:`main`,
 which runs the same three phases for everyone and prints ONE JSON line:
 
-1. **drain** - enqueue ``--jobs`` no-op jobs (untimed, 32 concurrent lanes),
+1. **drain** - enqueue ``--jobs`` jobs (untimed, 32 concurrent lanes),
    then start one in-process worker at ``--concurrency`` and time from the start
-   call until the handler has counted every job: ``drain_jobs_per_s``.
+   call until the handler has counted every job: ``drain_jobs_per_s``.  With
+   ``--drain-max-s S`` the drain stops counting after S seconds and the rate is
+   the jobs done so far over S (``drain_jobs_done`` and a ``note`` say so): how a
+   peer that is far slower than the others is measured in bounded time.
 2. **enqueue** - ``--enqueue-jobs`` single awaited enqueues in a loop, after an
    untimed warm-up of 20, no worker running: ``enqueue_per_s``.
 3. **latency** - the worker runs while an open-loop producer offers ``--rate``
    jobs/s for ``--duration`` s (each enqueue fired at its scheduled instant, so a
    slow enqueue cannot lower the offered rate).  The payload carries
    ``time.time()`` taken just before the enqueue call; the handler records
-   ``time.time() - t``.  p50/p99 of those, in ms.  A warm-up of 50 jobs is
-   processed first so worker start-up is not counted.
+   ``time.time() - t`` when its work is done (so with ``--work sleep`` a latency
+   includes the sleep).  p50/p99 of those, in ms.  A warm-up of 50 jobs is
+   processed first so worker start-up is not counted.  With
+   ``--latency-max-wait S``, a peer that has not processed every offered job S
+   seconds after the last was offered could not sustain ``--rate``: its p50/p99
+   are left ``null`` (percentiles of only the jobs that made it would flatter
+   it) and ``note`` says how many it processed.
+
+The work every handler does is the same for every peer: each adapter's handler
+only awaits :meth:`Recorder.job`, which with ``--work noop`` (the default) just
+records, and with ``--work sleep`` first awaits ``asyncio.sleep(--sleep-ms)``
+(an I/O-bound job: the worker's concurrency is what makes it fast).
 
 Each phase opens a fresh session (fresh connections) and runs between two
 ``FLUSHDB`` of the dedicated database (``--db``, default 13; db 0 is refused;
@@ -65,16 +78,29 @@ class Config:
     phase_timeout: float
     total_timeout: float
     verbose: bool = False
+    work: str = "noop"
+    sleep_ms: float = 10.0
+    drain_max_s: float | None = None
+    latency_max_wait: float | None = None
+
+    @property
+    def work_seconds(self) -> float:
+        """Seconds each job's handler sleeps (0 for ``--work noop``)."""
+        return self.sleep_ms / 1e3 if self.work == "sleep" else 0.0
 
     @property
     def url(self) -> str:
         return f"redis://{REDIS_HOST}:{REDIS_PORT}/{self.db}"
 
 
-class Recorder:
-    """Called by every peer's no-op handler: counts completions, keeps latencies."""
+WORK_KINDS = ("noop", "sleep")
 
-    def __init__(self) -> None:
+
+class Recorder:
+    """Every peer's handler awaits :meth:`job`: the same work, then counted and timed."""
+
+    def __init__(self, work_seconds: float = 0.0) -> None:
+        self.work_seconds = work_seconds
         self.reset(0)
 
     def reset(self, target: int) -> None:
@@ -82,6 +108,12 @@ class Recorder:
         self.done = 0
         self.latencies: list[float] = []
         self.finished = asyncio.Event()
+
+    async def job(self, t: float) -> None:
+        """The handler body: sleep ``work_seconds`` when configured, then record."""
+        if self.work_seconds > 0:
+            await asyncio.sleep(self.work_seconds)
+        self.record(t)
 
     def record(self, t: float) -> None:
         self.latencies.append(time.time() - t)
@@ -179,8 +211,9 @@ async def _preload(session: Session, n: int) -> None:
     await asyncio.gather(*(lane() for _ in range(PRELOAD_LANES)))
 
 
-async def phase_drain(cfg: Config, factory: SessionFactory) -> float:
-    rec = Recorder()
+async def phase_drain(cfg: Config, factory: SessionFactory) -> tuple[float, int]:
+    """(jobs/s, jobs counted): all ``--jobs``, or those done within ``--drain-max-s``."""
+    rec = Recorder(cfg.work_seconds)
     session = await factory(cfg, rec)
     started = False
     try:
@@ -190,14 +223,21 @@ async def phase_drain(cfg: Config, factory: SessionFactory) -> float:
         t0 = time.perf_counter()
         started = True
         await session.start_worker()
-        await rec.wait(cfg.phase_timeout, "drain")
-        return cfg.jobs / (time.perf_counter() - t0)
+        if cfg.drain_max_s is None or cfg.drain_max_s >= cfg.phase_timeout:
+            await rec.wait(cfg.phase_timeout, "drain")
+            return cfg.jobs / (time.perf_counter() - t0), cfg.jobs
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(rec.finished.wait(), cfg.drain_max_s)
+        elapsed, done = time.perf_counter() - t0, rec.done
+        if done == 0:
+            raise TimeoutError(f"drain: no job processed in {elapsed:.0f}s")
+        return done / elapsed, done
     finally:
         await _close(session, started)
 
 
 async def phase_enqueue(cfg: Config, factory: SessionFactory) -> float:
-    session = await factory(cfg, Recorder())
+    session = await factory(cfg, Recorder(cfg.work_seconds))
     try:
 
         async def run() -> float:
@@ -213,8 +253,9 @@ async def phase_enqueue(cfg: Config, factory: SessionFactory) -> float:
         await _close(session, False)
 
 
-async def phase_latency(cfg: Config, factory: SessionFactory) -> tuple[float, float]:
-    rec = Recorder()
+async def phase_latency(cfg: Config, factory: SessionFactory) -> tuple[float, float] | str:
+    """(p50 ms, p99 ms), or why not: the peer could not keep up (``--latency-max-wait``)."""
+    rec = Recorder(cfg.work_seconds)
     session = await factory(cfg, rec)
     try:
         await session.start_worker()
@@ -241,6 +282,14 @@ async def phase_latency(cfg: Config, factory: SessionFactory) -> tuple[float, fl
                 raise RuntimeError("enqueue failed during latency phase") from task.exception()
         if pending:
             raise TimeoutError(f"latency: {len(pending)} enqueues still pending")
+        if cfg.latency_max_wait is not None and cfg.latency_max_wait < cfg.phase_timeout:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(rec.finished.wait(), cfg.latency_max_wait)
+            if rec.done < total:
+                return (
+                    f"saturated at {cfg.rate:g} jobs/s offered: {rec.done}/{total} jobs"
+                    f" done {cfg.latency_max_wait:g}s after the last was offered"
+                )
         await rec.wait(cfg.phase_timeout, "latency")
         lat = sorted(rec.latencies)
         return percentile(lat, 0.50) * 1e3, percentile(lat, 0.99) * 1e3
@@ -255,6 +304,22 @@ def _parse(name: str, argv: list[str] | None, epilog: str | None) -> Config:
     p.add_argument("--rate", type=float, default=500.0, help="latency phase offered jobs/s")
     p.add_argument("--duration", type=float, default=5.0, help="latency phase seconds")
     p.add_argument("--concurrency", type=int, default=100, help="worker concurrency")
+    p.add_argument(
+        "--work", choices=WORK_KINDS, default="noop", help="what each job does (default noop)"
+    )
+    p.add_argument(
+        "--sleep-ms", type=float, default=10.0, help="--work sleep: ms each job sleeps (10)"
+    )
+    p.add_argument(
+        "--drain-max-s",
+        type=float,
+        help="stop the drain after this many s; rate = jobs done / s (default: drain all)",
+    )
+    p.add_argument(
+        "--latency-max-wait",
+        type=float,
+        help="s to wait after the last offered job; not done by then = saturated, no p50/p99",
+    )
     p.add_argument("--db", type=int, default=DEFAULT_DB, help="Redis db (flushed; never 0)")
     p.add_argument("--phase-timeout", type=float, default=120.0, help="seconds per phase wait")
     p.add_argument("--total-timeout", type=float, default=420.0, help="hard cap for the script")
@@ -264,6 +329,12 @@ def _parse(name: str, argv: list[str] | None, epilog: str | None) -> Config:
         p.error("--db 0 is refused: the benchmark flushes its database")
     if min(a.jobs, a.enqueue_jobs, a.concurrency) < 1 or a.rate <= 0 or a.duration <= 0:
         p.error("counts, rate and duration must be positive")
+    if a.sleep_ms < 0:
+        p.error("--sleep-ms must be >= 0")
+    if (a.drain_max_s is not None and a.drain_max_s <= 0) or (
+        a.latency_max_wait is not None and a.latency_max_wait <= 0
+    ):
+        p.error("--drain-max-s and --latency-max-wait must be positive")
     return Config(
         jobs=a.jobs,
         enqueue_jobs=a.enqueue_jobs,
@@ -274,6 +345,10 @@ def _parse(name: str, argv: list[str] | None, epilog: str | None) -> Config:
         phase_timeout=a.phase_timeout,
         total_timeout=a.total_timeout,
         verbose=a.verbose,
+        work=a.work,
+        sleep_ms=a.sleep_ms,
+        drain_max_s=a.drain_max_s,
+        latency_max_wait=a.latency_max_wait,
     )
 
 
@@ -295,6 +370,7 @@ class _Output:
 
 async def _run_phases(cfg: Config, factory: SessionFactory, result: dict[str, Any]) -> None:
     errors: list[str] = []
+    notes: list[str] = []
 
     async def phase(label: str, body: Callable[[], Awaitable[None]]) -> None:
         await flush_db(cfg.db)
@@ -310,19 +386,29 @@ async def _run_phases(cfg: Config, factory: SessionFactory, result: dict[str, An
             await flush_db(cfg.db)
 
     async def drain() -> None:
-        result["drain_jobs_per_s"] = round(await phase_drain(cfg, factory), 1)
+        rate, done = await phase_drain(cfg, factory)
+        result["drain_jobs_per_s"] = round(rate, 1)
+        if done < cfg.jobs:
+            result["drain_jobs_done"] = done
+            notes.append(f"drain: {done}/{cfg.jobs} jobs in the {cfg.drain_max_s:g}s cap")
 
     async def enqueue() -> None:
         result["enqueue_per_s"] = round(await phase_enqueue(cfg, factory), 1)
 
     async def latency() -> None:
-        p50, p99 = await phase_latency(cfg, factory)
+        measured = await phase_latency(cfg, factory)
+        if isinstance(measured, str):
+            notes.append(f"latency: {measured}")
+            return
+        p50, p99 = measured
         result["latency_p50_ms"] = round(p50, 2)
         result["latency_p99_ms"] = round(p99, 2)
 
     await phase("drain", drain)
     await phase("enqueue", enqueue)
     await phase("latency", latency)
+    if notes:
+        result["note"] = "; ".join(notes)
     if errors:
         result["error"] = "; ".join(errors)
 
@@ -350,6 +436,11 @@ def main(
     log.setLevel(logging.INFO if cfg.verbose else logging.WARNING)
     params = asdict(cfg)
     del params["phase_timeout"], params["total_timeout"], params["verbose"]
+    if cfg.work != "sleep":
+        del params["sleep_ms"]
+    for optional in ("drain_max_s", "latency_max_wait"):
+        if params[optional] is None:
+            del params[optional]
     params.update(extra_params or {})
     result: dict[str, Any] = {
         "name": name,

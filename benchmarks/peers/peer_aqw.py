@@ -1,9 +1,10 @@
 """aqw, measured with the same harness and work as its peers.
 
 * every job runs the full job path: decode and validate the envelope, take the job's lease
-  (``SET NX PX`` + fencing ``INCR``, renewed by the lease keeper), run the handler, settle
-  with one atomic ack script that also releases the lease (lease on, telemetry off);
-* enqueue = ``await noop.enqueue(t)`` (one XADD);
+  (``SET NX PX`` + fencing ``INCR``, renewed by the lease keeper), run the handler
+  (``await rec.job(t)``, see ``--work``), settle with one atomic ack script that also
+  releases the lease (lease on, telemetry off);
+* enqueue = ``await work.enqueue(t)`` (one XADD);
 * worker = ``app.worker(concurrency=--concurrency)`` in-process, a second ``App`` with its
   own connection pool, as a separate worker process would have.
 
@@ -26,23 +27,23 @@ QUEUE = "bench"
 def make_app(cfg: Config, rec: Recorder) -> tuple[aqw.App, aqw.Task[None]]:
     app = aqw.App(cfg.url, queue=QUEUE)
 
-    @app.task(name="noop")
-    async def noop(t: float) -> None:
-        rec.record(t)
+    @app.task(name="work")
+    async def work(t: float) -> None:
+        await rec.job(t)
 
-    return app, noop
+    return app, work
 
 
 class AqwSession:
     def __init__(self, cfg: Config, rec: Recorder) -> None:
         self.cfg = cfg
         self.rec = rec
-        self.producer, self.noop = make_app(cfg, rec)
+        self.producer, self.work = make_app(cfg, rec)
         self.worker_app: aqw.App | None = None
         self.worker: aqw.Worker | None = None
 
     async def enqueue(self, t: float) -> None:
-        await self.noop.enqueue(t)
+        await self.work.enqueue(t)
 
     async def start_worker(self) -> None:
         self.worker_app, _ = make_app(self.cfg, self.rec)

@@ -1,8 +1,8 @@
 """arq peer benchmark (https://pypi.org/project/arq/), stock settings.
 
-* enqueue = ``ArqRedis.enqueue_job("noop", t)`` on a pool from
+* enqueue = ``ArqRedis.enqueue_job("work", t)`` on a pool from
   ``arq.create_pool`` (a WATCH/MULTI transaction: job key + sorted-set entry).
-* worker = ``arq.worker.Worker(functions=[noop], max_jobs=--concurrency,
+* worker = ``arq.worker.Worker(functions=[work], max_jobs=--concurrency,
   handle_signals=False)`` run in-process with ``Worker.async_run()``; it builds
   its own connection pool, as a separate worker process would.  Stopped with
   ``Worker.close()``.
@@ -44,16 +44,16 @@ class ArqSession:
         self.task: asyncio.Task[None] | None = None
 
     async def enqueue(self, t: float) -> None:
-        await self.pool.enqueue_job("noop", t)
+        await self.pool.enqueue_job("work", t)
 
     async def start_worker(self) -> None:
         rec = self.rec
 
-        async def noop(ctx: dict[str, Any], t: float) -> None:
-            rec.record(t)
+        async def work(ctx: dict[str, Any], t: float) -> None:
+            await rec.job(t)
 
         self.worker = Worker(
-            functions=[func(noop, name="noop")],
+            functions=[func(work, name="work")],
             redis_settings=settings(self.cfg),
             max_jobs=self.cfg.concurrency,
             handle_signals=False,

@@ -1,8 +1,8 @@
 """saq peer benchmark (https://pypi.org/project/saq/), Redis queue, stock settings.
 
-* enqueue = ``await queue.enqueue("noop", t=t)`` on ``saq.Queue.from_url(url)``
+* enqueue = ``await queue.enqueue("work", t=t)`` on ``saq.Queue.from_url(url)``
   (a Lua script: job key + ``incomplete`` sorted set + ``queued`` list).
-* worker = ``saq.Worker(worker_queue, functions=[("noop", noop)],
+* worker = ``saq.Worker(worker_queue, functions=[("work", work)],
   concurrency=--concurrency)`` on a second queue instance (own connection pool,
   as a separate worker process would have), run in-process with
   ``Worker.start()`` and stopped with ``Worker.stop()``.  Each of the
@@ -37,19 +37,19 @@ class SaqSession:
         self.task: asyncio.Task[None] | None = None
 
     async def enqueue(self, t: float) -> None:
-        await self.queue.enqueue("noop", t=t)
+        await self.queue.enqueue("work", t=t)
 
     async def start_worker(self) -> None:
         rec = self.rec
 
-        async def noop(ctx: Any, *, t: float) -> None:
-            rec.record(t)
+        async def work(ctx: Any, *, t: float) -> None:
+            await rec.job(t)
 
         self.worker_queue = Queue.from_url(self.cfg.url)
         await self.worker_queue.connect()
         self.worker = Worker(
             self.worker_queue,
-            functions=[("noop", noop)],
+            functions=[("work", work)],
             concurrency=self.cfg.concurrency,
         )
         self.task = asyncio.create_task(self.worker.start())

@@ -1,8 +1,8 @@
 """streaq peer benchmark (https://pypi.org/project/streaq/), Redis Streams, stock settings.
 
 * Two ``streaq.Worker`` objects on the same queue, each with its own coredis
-  client and the same ``noop`` task registered: a producer (entered with
-  ``async with``; enqueue = ``await noop.enqueue(t)``, a Lua publish to the
+  client and the same ``work`` task registered: a producer (entered with
+  ``async with``; enqueue = ``await work.enqueue(t)``, a Lua publish to the
   stream) and a consumer run in-process with ``Worker.run_async()``
   (``concurrency=--concurrency``, ``handle_signals=False``), which is what
   ``streaq run`` does per process.  The consumer is stopped by cancelling
@@ -38,18 +38,18 @@ def make_worker(cfg: Config, rec: Recorder) -> tuple[Worker[Any], Any]:
         handle_signals=False,
     )
 
-    @worker.task(name="noop")
-    async def noop(t: float) -> None:
-        rec.record(t)
+    @worker.task(name="work")
+    async def work(t: float) -> None:
+        await rec.job(t)
 
-    return worker, noop
+    return worker, work
 
 
 class StreaqSession:
     def __init__(self, cfg: Config, rec: Recorder) -> None:
         self.cfg = cfg
         self.rec = rec
-        self.producer, self.noop = make_worker(cfg, rec)
+        self.producer, self.work = make_worker(cfg, rec)
         self.ready = asyncio.Event()
         self.done = asyncio.Event()
         # coredis binds its pool context to the task that enters it, so the
@@ -63,7 +63,7 @@ class StreaqSession:
             await self.done.wait()
 
     async def enqueue(self, t: float) -> None:
-        await self.noop.enqueue(t)
+        await self.work.enqueue(t)
 
     async def start_worker(self) -> None:
         consumer, _ = make_worker(self.cfg, self.rec)

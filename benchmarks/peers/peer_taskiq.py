@@ -3,7 +3,7 @@
 * broker = ``taskiq_redis.RedisStreamBroker(url)``: XADD to stream ``taskiq``,
   consumer group ``taskiq``, ``XREADGROUP COUNT 100 BLOCK 2000``, one XACK per
   message after the (dummy) result is saved - all taskiq-redis defaults.
-* enqueue = ``await noop.kiq(t)`` on a producer broker (``startup()`` declares
+* enqueue = ``await work.kiq(t)`` on a producer broker (``startup()`` declares
   the consumer group, at ``$``, before anything is enqueued).
 * worker = a second broker instance (own connection pool, own consumer name, as
   a separate worker process would have) driven in-process through taskiq's
@@ -32,30 +32,30 @@ GRACEFUL_STOP = 3.0
 log = logging.getLogger("bench.taskiq")
 
 
-NoopTask = AsyncTaskiqDecoratedTask[[float], None]
+WorkTask = AsyncTaskiqDecoratedTask[[float], None]
 
 
-def make_broker(cfg: Config, rec: Recorder) -> tuple[RedisStreamBroker, NoopTask]:
+def make_broker(cfg: Config, rec: Recorder) -> tuple[RedisStreamBroker, WorkTask]:
     broker = RedisStreamBroker(url=cfg.url)
 
-    @broker.task(task_name="noop")
-    async def noop(t: float) -> None:
-        rec.record(t)
+    @broker.task(task_name="work")
+    async def work(t: float) -> None:
+        await rec.job(t)
 
-    return broker, noop
+    return broker, work
 
 
 class TaskiqSession:
     def __init__(self, cfg: Config, rec: Recorder) -> None:
         self.cfg = cfg
         self.rec = rec
-        self.producer, self.noop = make_broker(cfg, rec)
+        self.producer, self.work = make_broker(cfg, rec)
         self.worker_broker: RedisStreamBroker | None = None
         self.finish = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
 
     async def enqueue(self, t: float) -> None:
-        await self.noop.kiq(t)
+        await self.work.kiq(t)
 
     async def start_worker(self) -> None:
         broker, _ = make_broker(self.cfg, self.rec)

@@ -5,8 +5,9 @@ No framework at all, just the minimum a reliable Streams consumer does:
 * enqueue = one ``XADD`` of ``{"t": <time.time()>}`` to ``raw:stream``;
 * the worker is one reader loop: ``XREADGROUP COUNT min(100, free slots) BLOCK
   1000`` for consumer group ``raw`` (created at id ``0`` so preloaded messages
-  count), one asyncio task per message running the no-op handler, at most
-  ``--concurrency`` handlers in flight;
+  count), one asyncio task per message running the handler, at most
+  ``--concurrency`` handlers in flight (the handler awaits ``rec.job(t)``, as
+  every peer's does);
 * finished message ids are acked by one acker task: each flush sends all ids
   completed since the last one as pipelined ``XACK``s of up to 100 ids.
 
@@ -45,12 +46,13 @@ class RawStreamsSession:
         self.ack_wanted = asyncio.Event()
         self.slots = asyncio.Semaphore(cfg.concurrency)
         self.running: set[asyncio.Task[None]] = set()
+        self.stopping = False
 
     async def enqueue(self, t: float) -> None:
         await self.producer.xadd(STREAM, {"t": repr(t)})
 
     async def handler(self, t: float) -> None:
-        self.rec.record(t)
+        await self.rec.job(t)
 
     async def run_one(self, msg_id: bytes, fields: dict[bytes, bytes]) -> None:
         try:
@@ -61,7 +63,7 @@ class RawStreamsSession:
             self.slots.release()
 
     async def reader(self, client: aioredis.Redis) -> None:
-        while True:
+        while not self.stopping:
             await self.slots.acquire()  # wait for at least one free slot
             free = 1
             while free < READ_COUNT and not self.slots.locked():
@@ -79,7 +81,10 @@ class RawStreamsSession:
                 self.slots.release()
 
     async def acker(self, client: aioredis.Redis) -> None:
-        while True:
+        # ``stopping`` as well as cancel(): a cancel that lands inside redis-py's
+        # pipeline execute can be absorbed there (seen with redis-py 8.1), which
+        # would leave this loop waiting for an ack_wanted that never comes.
+        while not self.stopping:
             await self.ack_wanted.wait()
             self.ack_wanted.clear()
             ids, self.to_ack = self.to_ack, []
@@ -96,11 +101,17 @@ class RawStreamsSession:
         ]
 
     async def stop_worker(self) -> None:
-        for task in [*self.tasks, *self.running]:
+        self.stopping = True
+        tasks = [*self.tasks, *self.running]
+        for task in tasks:
             task.cancel()
-        for task in [*self.tasks, *self.running]:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        self.ack_wanted.set()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+        for task in tasks:
+            if task.done() and not task.cancelled():
+                with contextlib.suppress(Exception):
+                    task.result()
         if self.consumer is not None:
             await self.consumer.aclose()
 
