@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +34,7 @@ class WorkerStats:
 class RunningJob:
     """A job while it runs here: what ``app.job_status`` and the watchdog see."""
 
-    __slots__ = ("job", "lease", "message", "progress", "published", "started", "timer", "trace")
+    __slots__ = ("job", "lease", "message", "progress", "published", "started", "trace")
 
     def __init__(self, job: Job, lease: Lease, trace: JobTrace) -> None:
         self.job = job
@@ -45,7 +44,6 @@ class RunningJob:
         self.progress = 0.0
         self.message = ""
         self.published = False
-        self.timer: asyncio.TimerHandle | None = None
 
     def state(self, worker: str) -> dict[str, str]:
         return {

@@ -178,10 +178,12 @@ class Lease:
         loop = asyncio.get_running_loop()
         current = asyncio.current_task()
         cancels = current.cancelling() if current is not None else 0
-        started = loop.time()
+        started: float | None = None
         delay = 0.005
         while True:
             sent = loop.time()
+            if started is None:
+                started = sent  # a first-try acquisition has waited exactly 0
             fence = await self._acquire_once()
             if current is not None and current.cancelling() > cancels:
                 # A cancellation arrived during the call but a lower layer swallowed it

@@ -354,10 +354,12 @@ class Worker:
                     self._buffer.append(delivery)
 
     async def _heartbeat_loop(self) -> None:
-        """Publish this worker's summary every ``heartbeat`` seconds and watch for stuck
-        jobs (running longer than twice their task's ``sla``) every second."""
+        """Publish this worker's summary every ``heartbeat`` seconds; several times a second,
+        publish the state of jobs that have run a while and watch for stuck jobs (running
+        longer than twice their task's ``sla``)."""
         last_beat = 0.0
         while not self._stop.is_set():
+            self._publish_due_states()
             report_stuck(self)
             now = time.monotonic()
             if now - last_beat >= self.heartbeat:
@@ -370,7 +372,7 @@ class Worker:
                         self._depth = await self.broker.depth()
                 except TRANSIENT as exc:
                     log.warning("could not publish the worker heartbeat (%r)", exc)
-            await asyncio.sleep(min(self.heartbeat, 1.0))
+            await asyncio.sleep(min(self.heartbeat, STATE_AFTER / 2))
 
     def _gauges(self) -> list[tuple[str, float, dict[str, Any]]]:
         readings = [("aqw.worker.in_flight", float(self._in_flight),
@@ -454,9 +456,6 @@ class Worker:
                 async with lease:
                     jt.lease_acquired(lease, lease_started)
                     self._running[job.id] = run
-                    run.timer = asyncio.get_running_loop().call_later(
-                        STATE_AFTER, self._publish_later, run
-                    )
                     if job.key is not None and await self.broker.is_completed(job):
                         outcome = Outcome("skip")
                     else:
@@ -498,15 +497,17 @@ class Worker:
     def _finish_run(self, run: RunningJob) -> None:
         if self._running.get(run.job.id) is run:
             del self._running[run.job.id]
-        if run.timer is not None:
-            run.timer.cancel()
         if run.published:
             self._spawn(self.broker.clear_job_state(run.job.id))
 
-    def _publish_later(self, run: RunningJob) -> None:
-        run.timer = None
-        if self._running.get(run.job.id) is run:
-            self._spawn(self._publish_state(run))
+    def _publish_due_states(self) -> None:
+        """Publish the state of jobs that have now run ``STATE_AFTER`` seconds (checked by
+        the heartbeat loop, so short jobs cost no timer and no round trip)."""
+        horizon = time.time() - STATE_AFTER
+        for run in list(self._running.values()):
+            if not run.published and run.started <= horizon:
+                run.published = True
+                self._spawn(self._publish_state(run))
 
     async def _publish_state(self, run: RunningJob) -> None:
         run.published = True

@@ -19,11 +19,13 @@ Spans (OpenTelemetry messaging semantic conventions):
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics, propagate, trace
+from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
@@ -135,7 +137,8 @@ class _Instruments:
         return observe
 
 
-_INSTRUMENTS: dict[int, _Instruments] = {}
+#: Instruments per meter provider, forgotten with the provider (an ``id()`` could be reused).
+_INSTRUMENTS: weakref.WeakKeyDictionary[Any, _Instruments] = weakref.WeakKeyDictionary()
 
 
 class Telemetry:
@@ -171,10 +174,9 @@ class Telemetry:
         self.attributes: dict[str, Any] = {ATTR_SYSTEM: system, ATTR_DESTINATION: queue}
         self._instruments: _Instruments | None = None
         if self.metering:
-            key = id(mp)
-            if key not in _INSTRUMENTS:
-                _INSTRUMENTS[key] = _Instruments(mp.get_meter(SCOPE, __version__))
-            self._instruments = _INSTRUMENTS[key]
+            if mp not in _INSTRUMENTS:
+                _INSTRUMENTS[mp] = _Instruments(mp.get_meter(SCOPE, __version__))
+            self._instruments = _INSTRUMENTS[mp]
         self._metric_attrs: dict[str, dict[str, Any]] = {}
 
     # -- metrics ---------------------------------------------------------------------------
@@ -314,13 +316,15 @@ class _JobTrace(JobTrace):
         attrs[ATTR_MESSAGE_ID] = job.id
         attrs[ATTR_TASK] = job.task
         attrs[ATTR_ATTEMPT] = job.attempt
-        parent = propagate.extract(job.headers) if job.headers else None
+        # An empty context, not None: None would mean "the current span", which is whatever
+        # was active when the worker started.
+        parent = propagate.extract(job.headers) if job.headers else Context()
         links: list[Link] = []
         if tel.link and parent is not None:
             producer = trace.get_current_span(parent).get_span_context()
             if producer.is_valid:
                 links.append(Link(producer))
-            parent = None
+            parent = Context()
         name = SPAN_PROCESS.format(queue=tel.queue)
         start = fetched[0] if fetched else None
         self.span = tel.tracer.start_span(

@@ -19,6 +19,7 @@ from conftest import Backend
 
 import aqw
 from aqw.brokers.redis import RedisBroker
+from tests._helpers import depth
 
 pytestmark = pytest.mark.timeout(40)
 
@@ -42,11 +43,6 @@ async def eventually(pred: Callable[[], Any], within: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {within}s waiting for {what}")
         await asyncio.sleep(0.005)
-
-
-async def depth(app: aqw.App) -> tuple[int, int, int, int]:
-    d = await app.broker.depth()
-    return (d.waiting, d.in_flight, d.delayed, d.dead)
 
 
 def report(backend: Backend, what: str, latencies: list[float]) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -20,29 +19,12 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 import aqw
 from aqw.brokers.memory import MemoryBroker
 from aqw.brokers.redis import RedisBroker
+from tests._helpers import depth, eventually
 
 pytestmark = pytest.mark.timeout(40)
 
 FAST = aqw.RetryPolicy(max_retries=2, base=0.01, cap=0.02)
 TEN_MB = 10 * 1024 * 1024
-
-
-async def eventually(pred: Callable[[], Any], within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        value = pred()
-        if isinstance(value, Awaitable):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
-async def depth(app: aqw.App) -> tuple[int, int, int, int]:
-    d = await app.broker.depth()
-    return (d.waiting, d.in_flight, d.delayed, d.dead)
 
 
 def make_app(backend: Backend, **broker_options: Any) -> aqw.App:

@@ -12,7 +12,7 @@ import asyncio
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import fakeredis
@@ -23,6 +23,7 @@ from redis.asyncio import Redis
 import aqw
 from aqw.brokers.memory import MemoryBroker
 from aqw.brokers.redis import RedisBroker
+from tests._helpers import eventually
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -100,19 +101,6 @@ async def env(request: pytest.FixtureRequest) -> AsyncIterator[Env]:
         yield e
     finally:
         await e.aclose()
-
-
-async def eventually(pred: Callable[[], Any], within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        value = pred()
-        if isinstance(value, Awaitable):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 async def idle(app: aqw.App) -> bool:

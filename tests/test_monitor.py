@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from aqw.brokers.redis import RedisBroker
 from aqw.job import Job
 from aqw.lease import Lease
 from aqw.monitor import Alert, CallbackSink, LogSink, Monitor, WebhookSink, add_parser
+from tests._helpers import eventually
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -45,19 +46,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.t
-
-
-async def eventually(pred: Callable[[], Any], within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        value = pred()
-        if isinstance(value, Awaitable):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 async def set_waiting(broker: MemoryBroker, n: int) -> None:

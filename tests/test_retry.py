@@ -13,7 +13,7 @@ import itertools
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 
 import aqw
 from aqw.brokers.redis import RedisBroker
+from tests._helpers import depth, eventually
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -29,19 +30,6 @@ FAST = aqw.RetryPolicy(max_retries=3, base=0.01, cap=0.02)
 
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-async def eventually(pred: Callable[[], Any], within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        value = pred()
-        if isinstance(value, Awaitable):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 async def run_until(
@@ -60,11 +48,6 @@ async def run_until(
         await eventually(lambda: done(worker), within, what)
         await asyncio.sleep(settle)
     return worker
-
-
-async def depth(app: aqw.App) -> tuple[int, int, int, int]:
-    d = await app.broker.depth()
-    return (d.waiting, d.in_flight, d.delayed, d.dead)
 
 
 async def assert_stream_empty(backend: Backend, app: aqw.App) -> None:

@@ -30,25 +30,13 @@ import aqw
 from aqw import _scripts
 from aqw._keys import GROUP, QueueKeys
 from aqw.brokers.redis import RedisBroker
+from tests._helpers import eventually
 
 pytestmark = pytest.mark.timeout(45)
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "retry_crash_worker.py"
 LEASE_TTL = 0.5
 RECLAIM_IDLE = LEASE_TTL * 1.1 + 0.2  # the runtime reclaims entries idle longer than this
-
-
-async def eventually(pred: Callable[[], Any], within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        value = pred()
-        if isinstance(value, Awaitable):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 async def queue_state(client: Redis, keys: QueueKeys) -> dict[str, int]:

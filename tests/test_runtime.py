@@ -22,6 +22,7 @@ import aqw
 from aqw import _scripts
 from aqw.brokers.memory import MemoryBroker
 from aqw.brokers.redis import RedisBroker
+from tests._helpers import depth
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -58,11 +59,6 @@ async def running(worker: aqw.Worker) -> AsyncIterator[aqw.Worker]:
         yield worker
     finally:
         await stop_all(worker)
-
-
-async def depth(app: aqw.App) -> tuple[int, int, int, int]:
-    d = await app.broker.depth()
-    return (d.waiting, d.in_flight, d.delayed, d.dead)
 
 
 async def run_burst(app: aqw.App, within: float = 20.0, **options: Any) -> aqw.Worker:
