@@ -10,7 +10,6 @@ import asyncio
 import statistics
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -19,7 +18,7 @@ from conftest import Backend
 
 import aqw
 from aqw.brokers.redis import RedisBroker
-from tests._helpers import depth
+from tests._helpers import depth, eventually
 
 pytestmark = pytest.mark.timeout(40)
 
@@ -30,19 +29,6 @@ LATENCY = 0.100
 LATENCY_LOADED = 0.150
 #: fakeredis polls blocked reads in-process; it is held to a looser bound.
 LATENCY_FAKE = 0.250
-
-
-async def eventually(pred: Callable[[], Any], within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        value = pred()
-        if isinstance(value, Awaitable):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.005)
 
 
 def report(backend: Backend, what: str, latencies: list[float]) -> None:

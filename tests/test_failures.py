@@ -6,7 +6,6 @@ Clocks are injected, so windows are tested without waiting.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import time
@@ -18,6 +17,7 @@ from conftest import Backend
 
 import aqw
 from aqw.failures import ErrorTracker, RunawayGuard, fingerprint
+from tests._helpers import eventually
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -33,19 +33,6 @@ class Clock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
-
-
-async def eventually(pred: Callable[[], Any], within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        value = pred()
-        if isinstance(value, Awaitable):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.005)
 
 
 # -- fingerprints ---------------------------------------------------------------------------------

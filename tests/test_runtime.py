@@ -10,7 +10,7 @@ import contextlib
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -22,25 +22,11 @@ import aqw
 from aqw import _scripts
 from aqw.brokers.memory import MemoryBroker
 from aqw.brokers.redis import RedisBroker
-from tests._helpers import depth
+from tests._helpers import depth, eventually
 
 pytestmark = pytest.mark.timeout(60)
 
 FAST_RETRY = aqw.RetryPolicy(max_retries=3, base=0.01, cap=0.02)
-
-
-async def eventually(pred: Callable[[], Any], within: float, what: str) -> None:
-    """Wait until ``pred()`` (sync or async) is true."""
-    deadline = time.monotonic() + within
-    while True:
-        value = pred()
-        if isinstance(value, Awaitable):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 async def stop_all(*workers: aqw.Worker, within: float = 20.0) -> None:

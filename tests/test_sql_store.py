@@ -17,7 +17,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ import aqw
 from aqw.brokers.memory import MemoryBroker
 from aqw.brokers.redis import RedisBroker
 from aqw.idempotency import SqlCompletionStore, context_effect
+from tests._helpers import eventually
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -137,19 +138,6 @@ def queue() -> Iterator[str]:
             client.delete(*keys[i : i + 500])
     finally:
         client.close()
-
-
-async def eventually(pred: Callable[[], Any], within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        value = pred()
-        if isinstance(value, Awaitable):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 # -- effect(): unit tests --------------------------------------------------------------------

@@ -13,9 +13,8 @@ import gc
 import re
 import sys
 import textwrap
-import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ import aqw
 import aqw.telemetry
 from aqw.brokers.memory import MemoryBroker
 from aqw.brokers.redis import RedisBroker
+from tests._helpers import eventually
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.filterwarnings("error")]
 
@@ -137,20 +137,6 @@ def per_task(
 
 
 # -- running workers ---------------------------------------------------------------------------
-
-
-async def eventually(pred: Callable[[], Any], within: float, what: str) -> None:
-    """Wait until ``pred()`` (sync or async) is true."""
-    deadline = time.monotonic() + within
-    while True:
-        value = pred()
-        if isinstance(value, Awaitable):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 async def run_burst(app: aqw.App, within: float = 20.0, **options: Any) -> aqw.Worker:
