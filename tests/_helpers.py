@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -26,3 +27,22 @@ async def eventually(pred: Callable[[], Any], within: float, what: str) -> None:
 async def depth(app: aqw.App) -> tuple[int, int, int, int]:
     d = await app.broker.depth()
     return (d.waiting, d.in_flight, d.delayed, d.dead)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (never the shared 6379)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    assert port != 6379
+    return port
+
+
+def redis_pings(port: int) -> bool:
+    """True when a Redis server on 127.0.0.1:``port`` answers PING."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False

@@ -11,9 +11,9 @@ error to see, not a reason to skip.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import time
 import uuid
@@ -29,6 +29,7 @@ from redis.asyncio import Redis
 import aqw
 from aqw.brokers.memory import MemoryBroker, reset_memory_queues
 from aqw.brokers.redis import RedisBroker
+from tests._helpers import free_port, redis_pings
 
 REDIS_HOST = "127.0.0.1"
 REDIS_PORT = 6379
@@ -173,16 +174,32 @@ class Backend:
             await client.aclose()
 
 
-@pytest.fixture(params=BACKENDS)
-async def backend(request: pytest.FixtureRequest, queue_name: str) -> AsyncIterator[Backend]:
-    """The same tests on the in-process broker, on fakeredis and on the real Redis."""
-    if request.param == "redis":
+@contextlib.asynccontextmanager
+async def open_backend(kind: str, queue: str) -> AsyncIterator[Backend]:
+    """A ``Backend`` of ``kind`` on ``queue``, its apps and clients closed afterwards."""
+    if kind == "redis":
         require_real_redis()
-    b = Backend(request.param, queue_name)
+    b = Backend(kind, queue)
     try:
         yield b
     finally:
         await b.aclose()
+
+
+@pytest.fixture(params=BACKENDS)
+async def backend(request: pytest.FixtureRequest, queue_name: str) -> AsyncIterator[Backend]:
+    """The same tests on the in-process broker, on fakeredis and on the real Redis."""
+    async with open_backend(request.param, queue_name) as b:
+        yield b
+
+
+@pytest.fixture(params=REDIS_BACKENDS)
+async def redis_backend(
+    request: pytest.FixtureRequest, queue_name: str
+) -> AsyncIterator[Backend]:
+    """Like ``backend``, on fakeredis and the real Redis only (tests of Redis scripts)."""
+    async with open_backend(request.param, queue_name) as b:
+        yield b
 
 
 @pytest.fixture
@@ -235,23 +252,6 @@ def lease_redis(redis_clients: Callable[[], Redis]) -> Redis:
 # -- throwaway redis-servers -------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    assert port != REDIS_PORT
-    return port
-
-
-def _pings(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
 class PrivateRedis:
     """One redis-server process on a free loopback port, that a test may kill or restart."""
 
@@ -268,18 +268,21 @@ class PrivateRedis:
         binary = shutil.which("redis-server")
         if binary is None:
             pytest.fail("redis-server is not on PATH", pytrace=False)
-        self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.workdir)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        deadline = time.monotonic() + 10
-        while not _pings(self.port):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.kill()
-                pytest.fail(f"private redis-server on port {self.port} did not start")
-            time.sleep(0.02)
+        for _ in range(5):  # the free port can be taken between probe and bind: try another
+            self.proc = subprocess.Popen(
+                [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "no", "--dir", str(self.workdir)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            deadline = time.monotonic() + 10
+            while self.proc.poll() is None and time.monotonic() < deadline:
+                if redis_pings(self.port):
+                    return
+                time.sleep(0.02)
+            self.kill()
+            self.port = free_port()
+        pytest.fail("a private redis-server did not start")
 
     def kill(self) -> None:
         """SIGKILL the server (no goodbye to clients) and reap it."""

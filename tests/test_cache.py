@@ -50,7 +50,7 @@ async def redis_client(request: pytest.FixtureRequest) -> AsyncIterator[Redis]:
             try:
                 await client.ping()
             except (RedisConnectionError, OSError) as exc:
-                pytest.skip(f"no Redis at 127.0.0.1:6379: {exc}")
+                pytest.fail(f"no Redis at 127.0.0.1:6379 (CI starts one): {exc}")
         yield client
     finally:
         if server is None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import socket
 import subprocess
 import sys
 import uuid
@@ -33,6 +32,7 @@ import yaml
 
 from aqw._keys import QueueKeys
 from aqw.telemetry import METRICS
+from tests._helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -121,17 +121,11 @@ def test_every_sample_is_shown_and_every_include_exists() -> None:
 # -- the samples ------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def moto_endpoint() -> Iterator[str]:
     """An SQS-compatible moto server on loopback for the SQS samples."""
-    server_mod = pytest.importorskip("moto.server")
-    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=_free_port(), verbose=False)
+    from moto import server as server_mod
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     try:

@@ -12,7 +12,6 @@ import asyncio
 import importlib.util
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from conftest import REDIS_URL
 import aqw
 from aqw.brokers.memory import MemoryBroker
 from aqw.fastapi import health, lifespan, worker_of
+from tests._helpers import free_port
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -150,13 +150,6 @@ def test_lifespan_validates_and_worker_of_explains() -> None:
 
 
 # -- a real uvicorn server on the real Redis -----------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 class Server:

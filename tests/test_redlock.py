@@ -9,14 +9,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
-import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from conftest import PrivateRedis
 from redis.asyncio import Redis
 
 from aqw.errors import ConfigError, LeaseLost, LeaseUnavailable
@@ -28,81 +27,41 @@ pytestmark = pytest.mark.timeout(30)
 TTL = 0.6  # seconds; renewals every 0.2 s
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    assert port != 6379
-    return port
-
-
-def _pings(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
 class RedisNodes:
     """Independent redis-server processes on loopback, one per port."""
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
-        self.ports: list[int] = []
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.servers: list[PrivateRedis] = []
+
+    @property
+    def ports(self) -> list[int]:
+        return [server.port for server in self.servers]
 
     @property
     def urls(self) -> list[str]:
-        return [f"redis://127.0.0.1:{port}/0" for port in self.ports]
+        return [server.url for server in self.servers]
 
     def start(self, count: int) -> None:
         for index in range(count):
-            self._start_one(index)
-
-    def _start_one(self, index: int) -> None:
-        for _ in range(5):  # the free port can be taken between probe and bind: try another
-            port = _free_port()
             node_dir = self.workdir / f"node{index}"
             node_dir.mkdir(exist_ok=True)
-            proc = subprocess.Popen(
-                [
-                    "redis-server",
-                    "--port", str(port),
-                    "--bind", "127.0.0.1",
-                    "--save", "",
-                    "--appendonly", "no",
-                    "--daemonize", "no",
-                    "--dir", str(node_dir),
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )  # fmt: skip
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline and proc.poll() is None:
-                if _pings(port):
-                    self.ports.append(port)
-                    self.procs.append(proc)
-                    return
-                time.sleep(0.02)
-            proc.kill()
-            proc.wait()
-        raise RuntimeError("could not start redis-server")
+            server = PrivateRedis(node_dir)
+            server.start()
+            self.servers.append(server)
 
     def kill(self, index: int) -> None:
-        proc = self.procs[index]
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+        self.servers[index].kill()
 
     def freeze(self, index: int) -> None:
         """SIGSTOP: the server still accepts TCP connections but never answers."""
-        os.kill(self.procs[index].pid, signal.SIGSTOP)
+        proc = self.servers[index].proc
+        assert proc is not None
+        os.kill(proc.pid, signal.SIGSTOP)
 
     def stop_all(self) -> None:
-        for index in range(len(self.procs)):
-            self.kill(index)
+        for server in self.servers:
+            server.kill()
 
 
 @pytest.fixture

@@ -63,18 +63,6 @@ async def raw() -> AsyncIterator[Redis]:
     await client.aclose()
 
 
-@pytest.fixture(params=REDIS_BACKENDS)
-async def rbackend(request: pytest.FixtureRequest, queue_name: str) -> AsyncIterator[Backend]:
-    """fakeredis and the real Redis (the conftest ``backend`` also runs the memory broker)."""
-    if request.param == "redis":
-        require_real_redis()
-    b = Backend(request.param, queue_name)
-    try:
-        yield b
-    finally:
-        await b.aclose()
-
-
 # -- SIGKILL mid-settle, then recovery by a fresh worker -------------------------------------------
 
 
@@ -400,9 +388,9 @@ async def test_an_ex_holders_late_step_after_another_settled_changes_nothing(
 
 
 async def test_a_lost_reply_to_the_retry_step_does_not_run_the_next_attempt_twice(
-    rbackend: Backend,
+    redis_backend: Backend,
 ) -> None:
-    app = rbackend.app(retry=aqw.RetryPolicy(max_retries=3, base=0.01, cap=0.02))
+    app = redis_backend.app(retry=aqw.RetryPolicy(max_retries=3, base=0.01, cap=0.02))
     runs: list[int] = []
 
     @app.task(name="once")
@@ -435,8 +423,10 @@ async def test_a_lost_reply_to_the_retry_step_does_not_run_the_next_attempt_twic
     assert await app.broker.depth() == aqw.QueueDepth(0, 0, 0, 0)
 
 
-async def test_a_lost_reply_to_the_dead_letter_step_writes_one_entry(rbackend: Backend) -> None:
-    app = rbackend.app()
+async def test_a_lost_reply_to_the_dead_letter_step_writes_one_entry(
+    redis_backend: Backend,
+) -> None:
+    app = redis_backend.app()
 
     @app.task(name="refuse")
     async def refuse() -> None:

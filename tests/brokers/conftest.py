@@ -8,12 +8,13 @@ import asyncio
 import json
 import logging
 import os
-import socket
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+
+from tests._helpers import free_port
 
 AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -23,20 +24,14 @@ AWS_ENV = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def sqs_endpoint() -> Iterator[str]:
     """A moto server on 127.0.0.1 for the session; AWS_* variables point at fake credentials."""
-    server_mod = pytest.importorskip("moto.server")
+    from moto import server as server_mod
     saved = {k: os.environ.get(k) for k in AWS_ENV}
     os.environ.update(AWS_ENV)
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=_free_port(), verbose=False)
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     try:
