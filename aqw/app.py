@@ -13,7 +13,7 @@ from opentelemetry.trace import TracerProvider
 
 from ._keys import validate_queue_name
 from .brokers import Broker, from_url
-from .errors import ConfigError, UnknownTask
+from .errors import ConfigError, PayloadTooLarge, UnknownTask
 from .job import Job
 from .retry import RetryPolicy
 from .task import Enqueued, Handler, Invalidates, Task, TaskOptions
@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     from .runtime import Worker
 
 R = TypeVar("R")
+
+#: The default ``max_payload_bytes``: 1 MiB of encoded job.
+DEFAULT_MAX_PAYLOAD_BYTES = 1_048_576
 
 
 class App:
@@ -49,6 +52,15 @@ class App:
             producer's span instead of as its child.
         cache: the ``Cache`` handlers reach as ``ctx.cache``, and where tasks declared with
             ``invalidates=`` invalidate keys when they complete.
+        max_payload_bytes: the most bytes a job may take encoded (its whole envelope,
+            ``Job.encode()``: payload, headers and metadata), default 1 MiB (1_048_576);
+            None: no cap. ``enqueue`` refuses a bigger job with ``aqw.PayloadTooLarge``
+            before anything is written, and a worker dead-letters a bigger delivery.
+            A task's own ``max_payload_bytes`` overrides it.
+        redact_errors: keep payload contents out of error text that outlives the job:
+            worker heartbeats (``aqw status``) and span events and statuses show a
+            ``ValidationError`` as locations and messages only, without the input values,
+            and every message as one capped line. False keeps the raw ``str(error)``.
     """
 
     def __init__(
@@ -65,8 +77,13 @@ class App:
         meter_provider: MeterProvider | None = None,
         trace_link: bool = False,
         cache: Cache | None = None,
+        max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD_BYTES,
+        redact_errors: bool = True,
     ) -> None:
         validate_queue_name(queue)
+        _check_payload_cap(max_payload_bytes, "App max_payload_bytes")
+        if not isinstance(redact_errors, bool):
+            raise ConfigError(f"App redact_errors must be True or False, got {redact_errors!r}")
         if lease_ttl <= 0:
             raise ConfigError(f"App lease_ttl must be > 0 seconds, got {lease_ttl!r}")
         if timeout is not None and timeout <= 0:
@@ -86,6 +103,8 @@ class App:
         self.broker.completion_ttl = idempotency_ttl
         self.tasks: dict[str, Task[Any]] = {}
         self.cache = cache
+        self.max_payload_bytes = max_payload_bytes
+        self.redact_errors = redact_errors
         self._tracer_provider = tracer_provider
         self._meter_provider = meter_provider
         self._trace_link = trace_link
@@ -105,7 +124,7 @@ class App:
         if self._telemetry is None or key != self._telemetry_key:
             self._telemetry = Telemetry(
                 self.queue, self.broker.system, tracer_provider=tp, meter_provider=mp,
-                link=self._trace_link,
+                link=self._trace_link, redact=self.redact_errors,
             )  # fmt: skip
             self._telemetry_key = key
         return self._telemetry
@@ -128,6 +147,7 @@ class App:
         timeout: float | None = None,
         sla: float | None = None,
         invalidates: Invalidates | None = None,
+        max_payload_bytes: int | None = None,
     ) -> Callable[[Handler[R]], Task[R]]: ...
 
     def task(
@@ -142,6 +162,7 @@ class App:
         timeout: float | None = None,
         sla: float | None = None,
         invalidates: Invalidates | None = None,
+        max_payload_bytes: int | None = None,
     ) -> Task[R] | Callable[[Handler[R]], Task[R]]:
         """Register an ``async def`` handler: ``@app.task`` or ``@app.task(max_retries=5)``.
 
@@ -156,6 +177,8 @@ class App:
                 task completes, after the handler's datastore write and before the ack: key
                 templates formatted with the payload's fields (``"user:{user_id}"``), or a
                 function of the payload returning keys.
+            max_payload_bytes: the most bytes a job of this task may take encoded
+                (default: the app's ``max_payload_bytes``).
         """
 
         def register(handler: Handler[R]) -> Task[R]:
@@ -173,11 +196,15 @@ class App:
                 raise ConfigError(f"task {task_name!r}: timeout must be > 0, got {limit!r}")
             if sla is not None and sla <= 0:
                 raise ConfigError(f"task {task_name!r}: sla must be > 0, got {sla!r}")
+            _check_payload_cap(max_payload_bytes, f"task {task_name!r}: max_payload_bytes")
+            cap = max_payload_bytes if max_payload_bytes is not None else self.max_payload_bytes
             if invalidates is not None and self.cache is None:
                 raise ConfigError(
                     f"task {task_name!r}: invalidates= needs a cache: App(..., cache=aqw.Cache(r))"
                 )
-            options = TaskOptions(policy, ttl, limit, sla, self.max_deliveries, invalidates)
+            options = TaskOptions(
+                policy, ttl, limit, sla, self.max_deliveries, invalidates, max_payload_bytes=cap
+            )
             task = Task(self, handler, task_name, options)
             self.tasks[task_name] = task
             return task
@@ -193,6 +220,12 @@ class App:
         except KeyError:
             known = ", ".join(sorted(self.tasks)) or "none"
             raise UnknownTask(f"unknown task {name!r} (registered: {known})") from None
+
+    def payload_limit(self, task_name: str | None) -> int | None:
+        """The most bytes an encoded job of ``task_name`` may take (None: no cap): the
+        task's ``max_payload_bytes``, or the app's when ``task_name`` is None or unknown."""
+        task = self.tasks.get(task_name) if task_name is not None else None
+        return task.options.max_payload_bytes if task is not None else self.max_payload_bytes
 
     # -- producing -------------------------------------------------------------------------
 
@@ -220,7 +253,8 @@ class App:
             Job(task=target.name, payload=body, key=key, headers=dict(headers or {}))
             for body in bodies
         ]
-        with self.telemetry.publish(jobs):
+        with self.telemetry.publish(jobs):  # measured here: with the trace headers it adds
+            _check_sizes(target.name, target.options.max_payload_bytes, jobs)
             if key is not None:
                 if len(jobs) != 1:
                     raise ConfigError("enqueue: an idempotency key names exactly one job")
@@ -288,6 +322,22 @@ class App:
     async def close(self) -> None:
         """Close the broker's connections."""
         await self.broker.close()
+
+
+def _check_payload_cap(value: object, what: str) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigError(f"{what} must be a positive integer (bytes) or None, got {value!r}")
+
+
+def _check_sizes(task: str, limit: int | None, jobs: Sequence[Job]) -> None:
+    """Refuse the whole batch when one encoded job is over ``limit`` (nothing is written)."""
+    if limit is None:
+        return
+    for i, job in enumerate(jobs):
+        size = len(job.encode())
+        if size > limit:
+            where = f" (payload {i + 1} of {len(jobs)})" if len(jobs) > 1 else ""
+            raise PayloadTooLarge(task, size, limit, where=where)
 
 
 def _run_at(delay: float | None, at: datetime | None) -> float | None:

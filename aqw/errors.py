@@ -13,6 +13,23 @@ class ConfigError(AqwError, ValueError):
     """A bad argument or setting, detected before anything is written or started."""
 
 
+class PayloadTooLarge(AqwError, ValueError):
+    """A job's encoded envelope is bigger than its task's ``max_payload_bytes``.
+
+    Raised by ``enqueue``/``enqueue_many`` before anything is written; ``task``, ``size``
+    (bytes of the encoded job) and ``limit`` (the cap) say which job and by how much.
+    """
+
+    def __init__(self, task: str, size: int, limit: int, *, where: str = "") -> None:
+        super().__init__(
+            f"task {task!r}: the encoded job{where} is {size} bytes, over its "
+            f"max_payload_bytes of {limit}"
+        )
+        self.task = task
+        self.size = size
+        self.limit = limit
+
+
 class LeaseLost(AqwError):
     """The lease guarding a block was lost while the block ran.
 
@@ -36,6 +53,25 @@ class LeaseUnavailable(AqwError):
         super().__init__(f"lease {key!r} is held by another owner{detail}")
         self.key = key
         self.waited = waited
+
+
+class FenceCorrupted(AqwError):
+    """A fencing counter is damaged (not an integer) or exhausted (at 2^53 - 1, beyond which
+    Lua counts inexactly): no lease on it can be taken, and nothing was written.
+
+    aqw never resets the counter itself: fencing tokens must only grow. An operator resumes by
+    SETting the key to an integer above every fencing token already handed out (the largest a
+    datastore recorded) and below 9007199254740991.
+    """
+
+    def __init__(self, key: str, value: str) -> None:
+        super().__init__(
+            f"fencing counter {key!r} is damaged or exhausted (value {value}): no lease can be "
+            f"taken; SET {key} to an integer above every fencing token handed out (and below "
+            f"9007199254740991) to resume"
+        )
+        self.key = key
+        self.value = value
 
 
 class Retry(AqwError):

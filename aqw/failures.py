@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import CodeType
 
+from ._redact import redact_message
 from .errors import ConfigError
 
 log = logging.getLogger("aqw.failures")
@@ -45,11 +46,28 @@ class ErrorCount:
     last_seen: float
 
 
-class ErrorTracker:
-    """Counts errors per fingerprint over a sliding window (default 5 minutes)."""
+#: Most characters of an error's message an ``ErrorTracker`` keeps.
+MESSAGE_CHARS = 500
 
-    def __init__(self, window: float = 300.0, clock: Callable[[], float] = time.time) -> None:
+
+class ErrorTracker:
+    """Counts errors per fingerprint over a sliding window (default 5 minutes).
+
+    Each fingerprint keeps its last error's message, published in worker heartbeats: with
+    ``redact`` (the default) it is ``aqw._redact.redact_message`` text, one line without
+    payload values (a ``ValidationError`` lists locations and messages, not its inputs);
+    ``redact=False`` keeps the raw ``str(exc)``. Either way cut to 500 characters.
+    """
+
+    def __init__(
+        self,
+        window: float = 300.0,
+        clock: Callable[[], float] = time.time,
+        *,
+        redact: bool = True,
+    ) -> None:
         self.window = window
+        self.redact = redact
         self._clock = clock
         self._seen: dict[str, deque[float]] = {}
         self._last: dict[str, tuple[str, str, str]] = {}
@@ -59,7 +77,8 @@ class ErrorTracker:
         fp = fingerprint(exc, handler_code)
         times = self._seen.setdefault(fp, deque())
         times.append(self._clock())
-        self._last[fp] = (type(exc).__qualname__, str(exc)[:500], task)
+        message = redact_message(exc, MESSAGE_CHARS) if self.redact else str(exc)[:MESSAGE_CHARS]
+        self._last[fp] = (type(exc).__qualname__, message, task)
         self._trim(fp)
         return fp
 

@@ -49,6 +49,9 @@ class TaskOptions:
     sla: float | None
     max_deliveries: int
     invalidates: Invalidates | None = None
+    #: Most bytes of an encoded job (``Job.encode()``), checked at enqueue and on receipt;
+    #: None: no cap. Resolved at registration (the app's unless the task sets its own).
+    max_payload_bytes: int | None = None
 
     def keys_to_invalidate(self, payload: Any) -> list[str]:
         """The cache keys a completed job with ``payload`` invalidates."""

@@ -27,7 +27,9 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
+
+from ._redact import redact_error, redact_message, redact_traceback
 
 if TYPE_CHECKING:
     from .brokers.base import QueueDepth
@@ -151,6 +153,10 @@ class Telemetry:
         meter_provider: an explicit meter provider (default: the global one).
         link: start each job's ``process`` span in a new trace linked to the producer's,
             instead of as its child.
+        redact: record errors on spans without payload contents: ``exception.message``,
+            ``exception.stacktrace`` and the ERROR status carry ``aqw._redact`` text (a
+            ``ValidationError`` as locations and messages, no input values). False: the
+            raw ``str(error)`` and traceback, as the OpenTelemetry SDK records them.
     """
 
     def __init__(
@@ -161,6 +167,7 @@ class Telemetry:
         tracer_provider: trace.TracerProvider | None = None,
         meter_provider: metrics.MeterProvider | None = None,
         link: bool = False,
+        redact: bool = True,
     ) -> None:
         from . import __version__
 
@@ -168,6 +175,7 @@ class Telemetry:
         mp = meter_provider or metrics.get_meter_provider()
         self.queue = queue
         self.link = link
+        self.redact = redact
         self.tracing = _sdk_configured(tp)
         self.metering = _sdk_configured(mp)
         self.tracer = tp.get_tracer(SCOPE, __version__)
@@ -238,6 +246,27 @@ class Telemetry:
 
     # -- spans -----------------------------------------------------------------------------
 
+    def record_error(self, span: Span, error: BaseException, *, status: bool = False) -> None:
+        """Add ``error`` to ``span`` as an ``exception`` event (and, with ``status``, set
+        the span's ERROR status), its message and stacktrace redacted unless ``redact`` is
+        off. Use this instead of ``span.record_exception``, which records ``str(error)``."""
+        if not span.is_recording():
+            return
+        if self.redact:
+            span.record_exception(
+                error,
+                attributes={
+                    "exception.message": redact_message(error),
+                    "exception.stacktrace": redact_traceback(error),
+                },
+            )
+            description = redact_error(error)
+        else:
+            span.record_exception(error)
+            description = f"{type(error).__name__}: {error}"
+        if status:
+            span.set_status(Status(StatusCode.ERROR, description))
+
     @contextmanager
     def publish(self, jobs: Sequence[Job]) -> Iterator[None]:
         """The producer span around an enqueue; fills each job's trace headers."""
@@ -253,10 +282,17 @@ class Telemetry:
         else:
             attrs[ATTR_BATCH_COUNT] = len(jobs)
         name = SPAN_PUBLISH.format(queue=self.queue)
-        with self.tracer.start_as_current_span(name, kind=SpanKind.PRODUCER, attributes=attrs):
+        with self.tracer.start_as_current_span(
+            name, kind=SpanKind.PRODUCER, attributes=attrs, record_exception=False,
+            set_status_on_exception=False,
+        ) as span:  # fmt: skip
             for job in jobs:
                 propagate.inject(job.headers)
-            yield
+            try:
+                yield
+            except Exception as exc:
+                self.record_error(span, exc, status=True)
+                raise
 
     def job(self, job: Job, fetched: tuple[int, int] | None = None) -> JobTrace:
         """The trace of one job's processing (a no-op when tracing is off)."""
@@ -361,10 +397,17 @@ class _JobTrace(JobTrace):
         child.set_status(Status(StatusCode.ERROR, "lease held by another holder"))
         child.end()
 
-    def handler(self) -> AbstractContextManager[Any]:
-        return self.tel.tracer.start_as_current_span(
-            SPAN_HANDLER, context=self.ctx, record_exception=True, set_status_on_exception=True
-        )
+    @contextmanager
+    def handler(self) -> Iterator[Any]:
+        # The SDK's own recording would put str(exc) on the span: record_error redacts it.
+        with self.tel.tracer.start_as_current_span(
+            SPAN_HANDLER, context=self.ctx, record_exception=False, set_status_on_exception=False
+        ) as span:
+            try:
+                yield span
+            except Exception as exc:
+                self.tel.record_error(span, exc, status=True)
+                raise
 
     def settled(self, outcome: str, attributes: dict[str, Any] | None = None) -> None:
         attrs: dict[str, Any] = {ATTR_OUTCOME: outcome}
@@ -379,8 +422,7 @@ class _JobTrace(JobTrace):
 
     def end(self, error: BaseException | None = None) -> None:
         if error is not None:
-            self.span.record_exception(error)
-            self.span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+            self.tel.record_error(self.span, error, status=True)
         self.span.end()
 
 

@@ -26,6 +26,7 @@ EXPECTED = [
     "LogSink",
     "MalformedJob",
     "Monitor",
+    "PayloadTooLarge",
     "QueueDepth",
     "RedisLeaseBackend",
     "RedlockBackend",

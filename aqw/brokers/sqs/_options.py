@@ -31,11 +31,17 @@ class _Settings(TypedDict):
 
 def _parse_url(url: str, queue: str) -> tuple[str, _Settings]:
     """The queue name and the settings of ``sqs://NAME?opts`` or
-    ``sqs://https://host/ACCOUNT/NAME?opts``; ``queue`` names the queue when the URL does not."""
+    ``sqs://https://host/ACCOUNT/NAME?opts``; ``queue`` names the queue when the URL does not.
+
+    Option values are percent-decoded once, a bare ``+`` staying a plus sign (not a space);
+    ``locks=`` is a redis URL whose own query is re-encoded as ``redis://`` broker URLs are
+    (``split_queue``), so ``locks=rediss://h/0?ssl_ca_certs=/a+b/ca.pem`` reaches redis-py
+    with ``/a+b/ca.pem``. An ``&`` inside the ``locks=`` URL is written ``%26``."""
     if not url.lower().startswith("sqs://"):
         raise ConfigError(f"not an sqs:// URL: {url!r}")
     rest, _, query = url[len("sqs://") :].partition("?")
-    opts = {k: v[-1] for k, v in parse_qs(query, keep_blank_values=True).items()}
+    pairs = parse_qs(query.replace("+", "%2B"), keep_blank_values=True)
+    opts = {k: v[-1] for k, v in pairs.items()}
     unknown = sorted(set(opts) - _OPTIONS)
     if unknown:
         known = ", ".join(sorted(_OPTIONS))
@@ -63,10 +69,18 @@ def _parse_url(url: str, queue: str) -> tuple[str, _Settings]:
         visibility=_int_option(opts, "visibility"),
         default_task=opts.get("task") or None,
         create=opts.get("create", "0").lower() in ("1", "true", "yes"),
-        lock_store=opts.get("locks") or None,
+        lock_store=_redis_url(opts.get("locks")),
         pool=_int_option(opts, "pool") or 50,
         pollers=_int_option(opts, "pollers") or 10,
     )
+
+
+def _redis_url(url: str | None) -> str | None:
+    if not url:
+        return None
+    from ..redis import split_queue
+
+    return split_queue(url, "")[0]
 
 
 def _int_option(opts: dict[str, str], name: str) -> int | None:

@@ -1,0 +1,102 @@
+"""Describing errors without the payload in them, for places that outlive a job and are read
+by more people than its data: worker heartbeats (``aqw status``) and span events/statuses.
+
+A pydantic ``ValidationError`` is the usual leak: its text repeats every bad input value
+(``input_value='...'``). Here it becomes only the location and message of each error, as
+``describe`` in ``_outcome`` does for logs and the dead-letter queue. Other exceptions keep
+their message (which the handler's author wrote), made one line and length-capped.
+"""
+
+from __future__ import annotations
+
+import traceback
+
+from pydantic import ValidationError
+
+#: Longest text ``redact_error`` and ``redact_message`` return by default.
+MAX_CHARS = 300
+
+#: Errors of a ValidationError listed before "... and N more".
+_MAX_ERRORS = 5
+
+#: Exceptions of a ``__cause__``/``__context__`` chain ``redact_traceback`` follows.
+_MAX_CHAIN = 10
+
+_CAUSE = "\nThe above exception was the direct cause of the following exception:\n\n"
+_CONTEXT = "\nDuring handling of the above exception, another exception occurred:\n\n"
+
+
+def redact_error(error: BaseException, limit: int = MAX_CHARS) -> str:
+    """``Type: message`` on one line, at most ``limit`` characters, control characters
+    escaped; a ``ValidationError`` lists only each error's location and message."""
+    message = _message(error)
+    text = f"{type(error).__name__}: {message}" if message else type(error).__name__
+    return one_line(text, limit)
+
+
+def redact_message(error: BaseException, limit: int = MAX_CHARS) -> str:
+    """The message part of ``redact_error`` (no type name), for records that keep the type
+    apart: an error fingerprint, a span's ``exception.message``."""
+    return one_line(_message(error), limit)
+
+
+def redact_traceback(error: BaseException, limit: int = MAX_CHARS) -> str:
+    """The traceback text of ``error`` and its chained causes with every exception's line
+    replaced by ``redact_error``: frames (file, line, source) are kept, messages redacted."""
+    chain: list[BaseException] = []
+    seen: set[int] = set()
+    exc: BaseException | None = error
+    while exc is not None and id(exc) not in seen and len(chain) < _MAX_CHAIN:
+        seen.add(id(exc))
+        chain.append(exc)
+        if exc.__cause__ is not None:
+            exc = exc.__cause__
+        else:
+            exc = None if exc.__suppress_context__ else exc.__context__
+    out: list[str] = []
+    for i in range(len(chain) - 1, -1, -1):  # the oldest first, as Python prints them
+        exc = chain[i]
+        if exc.__traceback__ is not None:
+            out.append("Traceback (most recent call last):\n")
+            out.extend(traceback.format_tb(exc.__traceback__))
+        out.append(redact_error(exc, limit) + "\n")
+        if i > 0:
+            out.append(_CAUSE if chain[i - 1].__cause__ is exc else _CONTEXT)
+    return "".join(out)
+
+
+def one_line(text: str, limit: int = MAX_CHARS) -> str:
+    """``text`` with control and other unprintable characters escaped (``\\n``, ``\\x1b``,
+    ``\\u2028``), cut to at most ``limit`` characters."""
+    head = text[:limit]  # escaping only lengthens: nothing past this can show
+    if head.isprintable():
+        return head
+    out: list[str] = []
+    size = 0
+    for ch in head:
+        piece = ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii")
+        size += len(piece)
+        if size > limit:
+            break
+        out.append(piece)
+    return "".join(out)[:limit]
+
+
+def _message(error: BaseException) -> str:
+    if isinstance(error, ValidationError):
+        try:
+            errors = error.errors(include_url=False, include_input=False, include_context=False)
+        except Exception:
+            return "invalid input"
+        parts = []
+        for err in errors[:_MAX_ERRORS]:
+            where = ".".join(str(p) for p in err["loc"]) or "payload"
+            parts.append(f"{where}: {err['msg']}")
+        more = len(errors) - len(parts)
+        if more > 0:
+            parts.append(f"... and {more} more")
+        return "; ".join(parts)
+    try:
+        return str(error)
+    except Exception:  # a broken __str__ must not break error reporting
+        return "<unprintable message>"
