@@ -9,6 +9,8 @@ from collections.abc import Container
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ._damage import to_float, to_int
+from ._text import printable
 from .alerts import Alert
 
 if TYPE_CHECKING:
@@ -69,9 +71,9 @@ def check_retries(m: Monitor, now: float, workers: list[dict[str, Any]]) -> list
     w = _Window()
     for beat in workers:
         counts = beat.get(window) or {}
-        w.processed += int(counts.get("processed", 0))
-        w.retried += int(counts.get("retried", 0))
-        w.dead += int(counts.get("dead", 0))
+        w.processed += to_int(counts.get("processed"), 0)
+        w.retried += to_int(counts.get("retried"), 0)
+        w.dead += to_int(counts.get("dead"), 0)
     if w.processed + w.retried + w.dead < m.min_processed:
         return []
     rate = w.retried / w.processed if w.processed else math.inf
@@ -112,14 +114,16 @@ def check_stuck(
     out: dict[str, Alert] = {}
     for beat in workers:
         for job in beat.get("stuck") or []:
-            sla = float(job.get("sla") or 0)
-            running_for = now - float(job.get("started_at", now))
+            if not isinstance(job, dict) or not isinstance(job.get("job_id"), str):
+                continue  # damaged (aqw._damage.heartbeat_damage leaves such beats out)
+            sla = to_float(job.get("sla"), 0.0)
+            running_for = now - to_float(job.get("started_at"), now)
             if sla <= 0 or running_for <= m.stuck_factor * sla:
                 continue
             summary = (
-                f"job {job['job_id']} ({job.get('task')}) on {job.get('worker')} "
-                f"has run {_secs(running_for)}, more than {m.stuck_factor:g}x its "
-                f"SLA of {sla:g}s"
+                f"job {printable(job['job_id'])} ({printable(job.get('task'))}) on "
+                f"{printable(job.get('worker'))} has run {_secs(running_for)}, more than "
+                f"{m.stuck_factor:g}x its SLA of {sla:g}s"
             )
             details = {**job, "reason": "sla", "running_for": running_for}
             out[job["job_id"]] = _stuck_alert(m, now, job["job_id"], summary, details)
@@ -136,8 +140,8 @@ def check_stuck(
             continue
         why = "its lease expired" if expires <= now else f"it started {_secs(now - started)} ago"
         summary = (
-            f"job {job_id} ({state.get('task')}) is orphaned: worker {worker} no "
-            f"longer heartbeats and {why}"
+            f"job {printable(job_id)} ({printable(state.get('task'))}) is orphaned: worker "
+            f"{printable(worker)} no longer heartbeats and {why}"
         )
         details = {**state, "reason": "orphaned", "running_for": now - started}
         out[job_id] = _stuck_alert(m, now, job_id, summary, details)
@@ -167,7 +171,4 @@ def _secs(seconds: float) -> str:
 
 
 def _float(value: str | None, default: float) -> float:
-    try:
-        return float(value) if value is not None else default
-    except ValueError:
-        return default
+    return to_float(value, default)

@@ -25,6 +25,8 @@ from redis.exceptions import RedisError
 from . import bench as bench_cli
 from . import monitor as monitor_cli
 from . import status as status_cli
+from ._damage import damage_of
+from ._text import printable
 from .app import App
 from .brokers import from_url
 from .dlq import DeadLetters, dead_job_json
@@ -160,7 +162,8 @@ async def cmd_dlq(args: argparse.Namespace) -> int:
         if args.dlq_command == "list":
             items = await dlq.list(task=args.task, error_type=args.error_type, limit=args.limit)
             if args.json:
-                print(json.dumps([d.as_dict() for d in items], indent=2))
+                # ensure_ascii: control characters (ESC...) are written as \uXXXX escapes
+                print(json.dumps([d.as_dict() for d in items], indent=2, ensure_ascii=True))
                 return 0
             if not items:
                 filtered = args.task is not None or args.error_type is not None
@@ -168,11 +171,14 @@ async def cmd_dlq(args: argparse.Namespace) -> int:
                 return 0
             print(f"{'ID':<20} {'TASK':<24} {'ERROR':<20} {'ATT':>3} {'FAILED AT':<19}  MESSAGE")
             for d in items:
-                when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d.last_failed_at))
-                message = d.error.replace("\n", " ")[:60]
-                task = d.task or "(undecodable)"
-                print(f"{d.id:<20} {task:<24.24} {d.error_type:<20.20} {d.attempts:>3} {when}  "
-                      f"{message}")  # fmt: skip
+                # Everything here came from the broker: escaped, so no terminal escape passes.
+                when = _when(d.last_failed_at)
+                message = printable(d.error.replace("\n", " "))[:60]
+                task = printable(d.task) if d.task else "(undecodable)"
+                print(f"{printable(d.id):<20} {task:<24.24} {printable(d.error_type):<20.20} "
+                      f"{d.attempts:>3} {when}  {message}")  # fmt: skip
+                for note in damage_of(d):
+                    print(f"{'':<20} ! damaged entry: {printable(note)}")
             return 0
         if args.dlq_command == "show":
             dead = await dlq.get(args.id)
@@ -210,6 +216,16 @@ async def cmd_dlq(args: argparse.Namespace) -> int:
     finally:
         await app.close()
     raise CliError(f"unknown dlq command {args.dlq_command!r}")
+
+
+def _when(at: float) -> str:
+    """A failure time as local date and time (``?`` when unknown or not a plausible time)."""
+    if at <= 0:
+        return f"{'?':<19}"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+    except (OverflowError, OSError, ValueError):
+        return f"{'?':<19}"
 
 
 async def _require_ids(dlq: DeadLetters, ids: Sequence[str]) -> None:
@@ -326,13 +342,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_supervised(worker_argv(args), _processes(args))
         return asyncio.run(COMMANDS[args.command](args))
     except (CliError, ConfigError) as exc:
-        print(f"aqw: error: {exc}", file=sys.stderr)
+        print(f"aqw: error: {printable(exc)}", file=sys.stderr)
         return 2
     except AqwError as exc:
-        print(f"aqw: error: {exc}", file=sys.stderr)
+        print(f"aqw: error: {printable(exc)}", file=sys.stderr)
         return 1
     except (ConnectionError, OSError, RedisError) as exc:
-        print(f"aqw: error: cannot reach the broker: {exc}", file=sys.stderr)
+        print(f"aqw: error: cannot reach the broker: {printable(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

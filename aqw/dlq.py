@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from ._damage import damage_of
 from .brokers.base import DeadJob
 from .errors import ConfigError
 
@@ -123,8 +124,12 @@ class DeadLetters:
 
 
 def dead_job_json(dead: DeadJob) -> str:
-    """A dead job as indented JSON (for ``aqw dlq show``)."""
+    """A dead job as indented JSON (for ``aqw dlq show``). ``damaged`` lists the fields that
+    could not be read (``aqw._damage.DamagedDeadJob``; empty for an intact entry), and
+    ``ensure_ascii`` writes every control character (ESC included) as a ``\\uXXXX`` escape, so
+    what a hostile entry holds cannot drive the terminal it is shown on."""
     data = dead.as_dict()
+    data["damaged"] = list(damage_of(dead))
     job = dead.job
     data["job"] = json.loads(job.model_dump_json()) if job is not None else None
-    return json.dumps(data, indent=2, default=str)
+    return json.dumps(data, indent=2, default=str, ensure_ascii=True)

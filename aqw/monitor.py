@@ -43,10 +43,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ._damage import split_heartbeats, to_float
 from ._ids import consumer_name
 from ._monitor_cli import add_parser, run
 from ._monitor_rules import Baseline, check_depth, check_retries, check_stuck
 from ._monitor_rules import _secs as _secs  # `aqw status` shows ages the same way
+from ._text import printable
 from .alerts import Alert, CallbackSink, LogSink, Sink, WebhookSink
 from .brokers.base import Broker
 from .errors import ConfigError, LeaseLost, LeaseUnavailable
@@ -76,7 +78,7 @@ MONITOR_KIND = "monitor"
 
 def is_monitor_heartbeat(beat: dict[str, Any]) -> bool:
     """True for the heartbeat a ``Monitor`` publishes, False for a worker's."""
-    return beat.get("kind") == MONITOR_KIND
+    return isinstance(beat, dict) and beat.get("kind") == MONITOR_KIND
 
 
 class Monitor:
@@ -161,6 +163,7 @@ class Monitor:
         self._is_active = False
         self._connected = False
         self._last_at: float | None = None
+        self._damage_seen: list[str] = []
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -189,7 +192,12 @@ class Monitor:
             self._connected = True
         now = self.clock()
         depth = await self.broker.depth()
-        workers = [b for b in await self.broker.heartbeats() if not is_monitor_heartbeat(b)]
+        beats, damage = split_heartbeats(await self.broker.heartbeats())
+        if damage != self._damage_seen:  # said once, not every interval
+            for note in damage:
+                log.warning("monitor %s: %s (left out)", self.name, printable(note))
+            self._damage_seen = damage
+        workers = [b for b in beats if not is_monitor_heartbeat(b)]
         states = await self.broker.job_states()
         firing: dict[str, Alert] = {}
         for alert in (
@@ -312,21 +320,24 @@ class Monitor:
         except Exception as exc:
             log.warning("monitor %s: could not read the previous state (%r)", self.name, exc)
             return
+        # A damaged monitor heartbeat is ignored: starting afresh beats never evaluating.
+        beats, _ = split_heartbeats(beats)
         mine = [b for b in beats if is_monitor_heartbeat(b) and b.get("queue") == self.queue]
         if not mine:
             return
-        last = max(mine, key=lambda b: float(b.get("at", 0)))
-        if self._last_at is not None and float(last.get("at", 0)) <= self._last_at:
+        last = max(mine, key=lambda b: to_float(b.get("at"), 0.0))
+        if self._last_at is not None and to_float(last.get("at"), 0.0) <= self._last_at:
             return
         state = last.get("state") or {}
-        if state.get("baseline") is not None:
-            self._baseline = Baseline(
-                float(state["baseline"]),
-                float(state["since"]),
-                float(state["at"]),
-                state.get("above_since"),
-            )
-        alerts = [Alert.from_dict(a) for a in last.get("alerts") or []]
+        baseline = to_float(state.get("baseline"), None)
+        since, at = to_float(state.get("since"), None), to_float(state.get("at"), None)
+        if baseline is not None and since is not None and at is not None:
+            self._baseline = Baseline(baseline, since, at, to_float(state.get("above_since"), None))
+        try:
+            alerts = [Alert.from_dict(a) for a in last.get("alerts") or []]
+        except (TypeError, ValueError) as exc:
+            log.warning("monitor %s: the published alerts are damaged (%r)", self.name, exc)
+            alerts = []
         self._active_alerts = {a.key: a for a in alerts}
         log.info(
             "monitor %s restored the state of %s (%d active alerts)",

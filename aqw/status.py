@@ -14,7 +14,11 @@ Where each number comes from:
 - top errors: the workers' error fingerprints, merged by fingerprint (counts summed);
 - alerts: the active monitor's heartbeat (``"kind": "monitor"``), which is not a worker
   and is left out of every sum;
-- counters: the broker's lifetime ``stats()``.
+- counters: the broker's lifetime ``stats()``;
+- problems: damaged state found on the way (a heartbeat that is not JSON or not of a
+  worker's shape, left out of every sum; on Redis, a fencing counter that would make every
+  job lease fail, and stats fields that are not integers). Everything printed from the
+  broker is escaped, so stored terminal escapes never reach the screen.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from ._damage import shown, split_heartbeats, to_float, to_int
+from ._text import printable
 from .brokers.base import Broker
 from .monitor import _secs as _age
 from .monitor import is_monitor_heartbeat
@@ -39,13 +45,20 @@ EVENTS = ("processed", "failed", "retried", "dead", "skipped")
 
 
 async def gather_status(app_or_broker: App | Broker) -> dict[str, Any]:
-    """Everything ``aqw status`` shows, as a JSON-able dict."""
+    """Everything ``aqw status`` shows, as a JSON-able dict.
+
+    Nothing read back is trusted (``aqw._damage``): a heartbeat that is not JSON or not of
+    the shape workers publish is left out of every sum and named in ``problems``, as are a
+    damaged fencing counter and stats counters that are not integers (Redis)."""
     broker = app_or_broker if isinstance(app_or_broker, Broker) else app_or_broker.broker
     depth = await broker.depth()
-    beats = await broker.heartbeats()
+    beats, problems = split_heartbeats(await broker.heartbeats())
     stats = await broker.stats()
+    problems += await _redis_problems(broker)
     workers = [b for b in beats if not is_monitor_heartbeat(b)]
-    monitors = sorted((b for b in beats if is_monitor_heartbeat(b)), key=lambda b: b.get("at", 0))
+    monitors = sorted(
+        (b for b in beats if is_monitor_heartbeat(b)), key=lambda b: to_float(b.get("at"), 0.0)
+    )
     now = time.time()
     windows = {w: _sum_window(workers, w) for w in ("last_1m", "last_5m")}
     monitor = monitors[-1] if monitors else None
@@ -54,14 +67,16 @@ async def gather_status(app_or_broker: App | Broker) -> dict[str, Any]:
         "at": now,
         "depth": depth.as_dict(),
         "workers": [
-            _worker_row(b, now) for b in sorted(workers, key=lambda b: b.get("worker", ""))
+            _worker_row(b, now) for b in sorted(workers, key=lambda b: str(b.get("worker", "")))
         ],
-        "concurrency": sum(int(b.get("concurrency", 0)) for b in workers),
-        "in_flight": sum(int(b.get("in_flight", 0)) for b in workers),
-        "leases": sum(int(b.get("leases", 0)) for b in workers),
+        "concurrency": sum(to_int(b.get("concurrency"), 0) for b in workers),
+        "in_flight": sum(to_int(b.get("in_flight"), 0) for b in workers),
+        "leases": sum(to_int(b.get("leases"), 0) for b in workers),
         **windows,
         "duration_5m": {
-            q: max((float((b.get("duration_5m") or {}).get(q, 0.0)) for b in workers), default=0.0)
+            q: max(
+                (to_float((b.get("duration_5m") or {}).get(q), 0.0) for b in workers), default=0.0
+            )
             for q in ("p50", "p99")
         },
         "stuck": [job for b in workers for job in b.get("stuck") or []],
@@ -72,14 +87,57 @@ async def gather_status(app_or_broker: App | Broker) -> dict[str, Any]:
         if monitor is None
         else {"name": monitor.get("monitor"), "at": monitor.get("at")},
         "counters": stats,
+        "problems": problems,
     }
+
+
+async def _redis_problems(broker: Broker) -> list[str]:
+    """Damage in a Redis queue's own keys: a fencing counter that would make every job lease
+    fail (``aqw.errors.FenceCorrupted``), and stats fields that are not integers."""
+    from redis.exceptions import ResponseError
+
+    from .brokers.redis import RedisBroker
+    from .lease import RedisLeaseBackend
+
+    if not isinstance(broker, RedisBroker):
+        return []
+    out: list[str] = []
+    fence = broker.keys.fence
+    try:
+        why = RedisLeaseBackend.fence_damage(await broker.client.get(fence))
+    except ResponseError:  # WRONGTYPE
+        why = "not a string"
+    if why is not None:
+        out.append(
+            f"fencing counter {fence} is damaged: {why}; no job lease can be taken until "
+            f"it is SET to an integer above every fencing token handed out "
+            f"(below {RedisLeaseBackend.FENCE_LIMIT})"
+        )
+    try:
+        cursor: Any = 0
+        seen = 0
+        while True:
+            reply: Any = await broker.client.hscan(broker.keys.stats, cursor, count=1000)
+            cursor, fields = reply
+            for name, value in fields.items():
+                if to_int(value, None) is None:
+                    out.append(
+                        f"damaged counter {shown(name)} in {broker.keys.stats}: "
+                        f"{shown(value)} is not an integer"
+                    )
+            seen += len(fields)
+            if not int(cursor) or seen >= 1000 or len(out) >= 20:
+                break
+    except ResponseError:
+        out.append(f"the stats key {broker.keys.stats} is not a hash")
+    return out
 
 
 def _sum_window(workers: list[dict[str, Any]], window: str) -> dict[str, Any]:
     out: dict[str, Any] = dict.fromkeys(EVENTS, 0)
     for beat in workers:
         for name, n in (beat.get(window) or {}).items():
-            out[name] = out.get(name, 0) + int(n)
+            out[name] = out.get(name, 0) + to_int(n, 0)
     out["retry_rate"] = out["retried"] / out["processed"] if out["processed"] else None
     return out
 
@@ -87,7 +145,7 @@ def _sum_window(workers: list[dict[str, Any]], window: str) -> dict[str, Any]:
 def _worker_row(beat: dict[str, Any], now: float) -> dict[str, Any]:
     keys = ("worker", "pid", "state", "concurrency", "in_flight", "leases")
     row = {k: beat.get(k) for k in keys}
-    row["seen_ago"] = max(0.0, now - float(beat.get("at", now)))
+    row["seen_ago"] = max(0.0, now - to_float(beat.get("at"), now))
     return row
 
 
@@ -100,13 +158,14 @@ def _merge_errors(workers: list[dict[str, Any]], top: int = 10) -> list[dict[str
             if seen is None:
                 merged[fp] = dict(err)
                 continue
-            seen["count"] = int(seen.get("count", 0)) + int(err.get("count", 0))
-            if float(err.get("last_seen", 0)) > float(seen.get("last_seen", 0)):
+            seen["count"] = to_int(seen.get("count"), 0) + to_int(err.get("count"), 0)
+            if to_float(err.get("last_seen"), 0.0) > to_float(seen.get("last_seen"), 0.0):
                 count = seen["count"]
                 seen.update(err)
                 seen["count"] = count
     rows = sorted(
-        merged.values(), key=lambda e: (-int(e.get("count", 0)), -float(e.get("last_seen", 0)))
+        merged.values(),
+        key=lambda e: (-to_int(e.get("count"), 0), -to_float(e.get("last_seen"), 0.0)),
     )
     return rows[:top]
 
@@ -126,8 +185,15 @@ def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:.1%}"
 
 
-def _clock(at: float) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(at))
+def _clock(at: Any, fmt: str = "%H:%M:%S") -> str:
+    """A wall-clock time, or ``?`` for a value that is not a plausible time."""
+    seconds = to_float(at, None)
+    if seconds is None:
+        return "?"
+    try:
+        return time.strftime(fmt, time.localtime(seconds))
+    except (OverflowError, OSError, ValueError):
+        return "?"
 
 
 def _table(headers: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
@@ -138,11 +204,20 @@ def _table(headers: list[str], rows: list[list[str]], indent: str = "  ") -> lis
     return [line.rstrip() for line in lines]
 
 
+def _p(value: Any) -> str:
+    """A value read from the broker, as text safe for a terminal (one line)."""
+    return printable(value)
+
+
 def render(status: dict[str, Any]) -> str:
-    """``status`` (from ``gather_status``) as a plain-text screen."""
+    """``status`` (from ``gather_status``) as a plain-text screen. Every string that came
+    from the broker is escaped (``aqw._text.printable``): no terminal escape gets through."""
     d = status["depth"]
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(status["at"]))
-    out = [f"aqw status: queue {status['queue']}  ({when})", ""]
+    when = _clock(status["at"], "%Y-%m-%d %H:%M:%S")
+    out = [f"aqw status: queue {_p(status['queue'])}  ({when})", ""]
+    problems = status.get("problems") or []
+    if problems:
+        out += [f"problems: {len(problems)}", *(f"  ! {_p(p)}" for p in problems), ""]
     out += _table(
         ["WAITING", "IN FLIGHT", "DELAYED", "DLQ"],
         [[str(d["waiting"]), str(d["in_flight"]), str(d["delayed"]), str(d["dead"])]],
@@ -156,17 +231,17 @@ def render(status: dict[str, Any]) -> str:
     if workers:
         rows = [
             [
-                str(w["worker"]),
-                str(w["pid"]),
-                str(w["state"]),
-                str(w["in_flight"]),
-                f"{_age(w['seen_ago'])} ago",
+                _p(w["worker"]),
+                _p(w["pid"]),
+                _p(w["state"]),
+                _p(w["in_flight"]),
+                f"{_age(to_float(w['seen_ago'], 0.0))} ago",
             ]
             for w in workers
         ]
         out += _table(["WORKER", "PID", "STATE", "RUNNING", "HEARTBEAT"], rows)
     one, five = status["last_1m"], status["last_5m"]
-    rows = [[name, str(one[name]), str(five[name])] for name in EVENTS]
+    rows = [[_p(name), _p(one.get(name, 0)), _p(five.get(name, 0))] for name in EVENTS]
     rows.append(["retry rate", _rate(one["retry_rate"]), _rate(five["retry_rate"])])
     dur = status["duration_5m"]
     out += [
@@ -176,19 +251,22 @@ def render(status: dict[str, Any]) -> str:
         "",
     ]
     monitor = status["monitor"]
-    seen = "" if monitor is None else f" (monitor {monitor['name']}, {_clock(monitor['at'])})"
+    seen = "" if monitor is None else f" (monitor {_p(monitor['name'])}, {_clock(monitor['at'])})"
     alerts = status["alerts"]
     out.append(f"alerts: {len(alerts)}{seen}" if monitor else "alerts: no monitor running")
     for a in alerts:
-        out.append(f"  [{a['severity']}] {a['rule']} since {_clock(a['fired_at'])}: {a['summary']}")
+        out.append(
+            f"  [{_p(a.get('severity'))}] {_p(a.get('rule'))} since "
+            f"{_clock(a.get('fired_at'))}: {_p(a.get('summary'))}"
+        )
     if status["stuck"]:
         rows = [
             [
-                str(j.get("job_id")),
-                str(j.get("task")),
-                _age(status["at"] - float(j.get("started_at", status["at"]))),
-                f"{j.get('sla')}s",
-                str(j.get("worker")),
+                _p(j.get("job_id")),
+                _p(j.get("task")),
+                _age(status["at"] - to_float(j.get("started_at"), status["at"])),
+                f"{_p(j.get('sla'))}s",
+                _p(j.get("worker")),
             ]
             for j in status["stuck"]
         ]
@@ -196,27 +274,29 @@ def render(status: dict[str, Any]) -> str:
     if status["errors"]:
         rows = [
             [
-                str(e.get("count")),
-                str(e.get("error_type")),
-                str(e.get("task")),
-                str(e.get("message", "")).replace("\n", " ")[:60],
+                _p(e.get("count")),
+                _p(e.get("error_type")),
+                _p(e.get("task")),
+                _p(str(e.get("message", "")).replace("\n", " "))[:60],
             ]
             for e in status["errors"]
         ]
         out += ["", "top errors (5m):", *_table(["COUNT", "ERROR", "TASK", "MESSAGE"], rows)]
     if status["runaway"]:
-        out += ["", "retries running away: " + ", ".join(status["runaway"])]
+        out += ["", "retries running away: " + ", ".join(_p(t) for t in status["runaway"])]
     if status["counters"]:
-        counters = "  ".join(f"{k}={v}" for k, v in sorted(status["counters"].items()))
+        counters = "  ".join(f"{_p(k)}={_p(v)}" for k, v in sorted(status["counters"].items()))
         out += ["", f"lifetime: {counters}"]
     return "\n".join(out) + "\n"
 
 
 def render_job(job_id: str, state: dict[str, str] | None) -> str:
-    """One job's running state, or that it is not running."""
+    """One job's running state, or that it is not running (every value escaped)."""
     if state is None:
-        return f"job {job_id}: not running (finished, waiting, or unknown)\n"
-    lines = [f"job {job_id}: {state.get('state', 'running')}"]
+        return f"job {_p(job_id)}: not running (finished, waiting, or unknown)\n"
+    lines = [f"job {_p(job_id)}: {_p(state.get('state', 'running'))}"]
+    if state.get("damaged"):
+        lines.append(f"  ! damaged state: {_p(state['damaged'])}")
     for key in (
         "task",
         "attempt",
@@ -229,8 +309,8 @@ def render_job(job_id: str, state: dict[str, str] | None) -> str:
     ):
         value = state.get(key, "")
         if key in ("started_at", "lease_expires_at") and value:
-            value = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(value)))
-        lines.append(f"  {key:<17} {value}")
+            value = _clock(value, "%Y-%m-%d %H:%M:%S")
+        lines.append(f"  {key:<17} {_p(value)}")
     return "\n".join(lines) + "\n"
 
 
@@ -261,6 +341,7 @@ async def run(args: argparse.Namespace) -> int:
                     json.dumps(
                         {"job_id": args.job_id, "running": state is not None, "state": state},
                         indent=2,
+                        ensure_ascii=True,  # control characters as \uXXXX escapes
                     )
                 )
             else:
@@ -276,7 +357,8 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def _show(status: dict[str, Any], as_json: bool, clear: bool) -> None:
-    text = json.dumps(status, indent=2) + "\n" if as_json else render(status)
+    # ensure_ascii: every control character (ESC included) is written as a \uXXXX escape.
+    text = json.dumps(status, indent=2, ensure_ascii=True) + "\n" if as_json else render(status)
     sys.stdout.write(("\x1b[2J\x1b[H" if clear else "") + text)
     sys.stdout.flush()
 

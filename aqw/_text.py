@@ -1,0 +1,37 @@
+"""Text read from a broker, made safe to print on an operator's terminal.
+
+Task names, error messages, tracebacks, worker names and payloads come from Redis (or SQS),
+where anyone with write access can store anything, terminal escape sequences included
+(``"\\x1b[2J"`` clears the screen, others retitle windows or fake output). Everything the
+command line prints from there goes through :func:`printable`.
+"""
+
+from __future__ import annotations
+
+_KEPT = "\n\t"
+_SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def printable(text: object, keep_newlines: bool = False) -> str:
+    """``text`` with every non-printable character escaped as ``\\n``, ``\\r``, ``\\t``,
+    ``\\xNN``, ``\\uNNNN`` or ``\\UNNNNNNNN``: C0 controls (ESC, CR, BEL, ...), DEL, C1
+    controls and the other characters ``str.isprintable`` rejects (bidirectional overrides,
+    zero-width marks).
+    ``keep_newlines`` keeps ``\\n`` and ``\\t`` as they are (for tracebacks)."""
+    s = text if isinstance(text, str) else str(text)
+    if s.isprintable():
+        return s
+    return "".join(_escape(c, keep_newlines) for c in s)
+
+
+def _escape(c: str, keep_newlines: bool) -> str:
+    if c.isprintable() or (keep_newlines and c in _KEPT):
+        return c
+    if c in _SHORT:
+        return _SHORT[c]
+    code = ord(c)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
