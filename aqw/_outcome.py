@@ -8,11 +8,15 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from ._cancel import Canceller, Guarded
 from .errors import JobTimeout, LeaseLost, Reject, Retry
 
 if TYPE_CHECKING:
     from .context import Context
     from .task import Task
+
+
+TIMED_OUT = "the handler ran past its timeout"
 
 
 @dataclass(slots=True)
@@ -25,31 +29,68 @@ class Outcome:
 
 
 async def run_handler(task: Task[Any], payload: Any, ctx: Context) -> Outcome:
-    """Call the handler under the task's timeout and classify how it ended."""
+    """Call the handler under the task's timeout and the job's lease, and classify how it
+    ended.
+
+    Both deadlines are enforced the same way: the handler is cancelled when one passes and
+    again until it has exited, it is not resumed after one has passed (a handler paused or
+    blocked past its lease runs no further statement), and a handler that returns normally
+    after its timeout has still timed out: its result is not acknowledged."""
     args, kwargs = task.codec.call_args(payload, ctx)
     timeout = task.options.timeout
+    lease = ctx.lease
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    running = asyncio.current_task()
+    timer = None
+    if deadline is not None and running is not None:
+        timer = Canceller(running, deadline)
+
+    def expired() -> str | None:
+        if lease is not None:
+            lapsed = lease.lapsed()
+            if lapsed is not None:
+                return lapsed
+        if deadline is not None and loop.time() >= deadline:
+            return TIMED_OUT
+        return None
+
+    base = running.cancelling() if running is not None else 0
+    guarded = Guarded(task.fn(*args, **kwargs), expired)
+    others = base
     try:
-        if timeout is None:
-            await task.fn(*args, **kwargs)
-        else:
-            scope = asyncio.timeout(timeout)
-            try:
-                async with scope:
-                    await task.fn(*args, **kwargs)
-            except TimeoutError:
-                if not scope.expired():
-                    raise
-                raise JobTimeout(f"handler ran longer than its timeout of {timeout}s") from None
+        try:
+            await guarded
+        finally:
+            others = timer.close() if timer is not None else others
+        if lease is not None and guarded.stopped is not None:
+            lapsed = lease.lapsed()
+            if lapsed is not None:  # it swallowed the stop and returned: still not done
+                raise LeaseLost(lease.key, lapsed)
+        if deadline is not None and loop.time() >= deadline:
+            raise JobTimeout(f"handler ran longer than its timeout of {timeout}s")
+    except asyncio.CancelledError:
+        if lease is not None and lease.lapsed() is not None:
+            raise  # the lease's own guard turns this into LeaseLost
+        timed_out = (timer is not None and timer.fired) or guarded.stopped == TIMED_OUT
+        if not timed_out or others > base:
+            raise  # a stop from outside (shutdown): the job is handed back
+        return classify(task, JobTimeout(f"handler ran longer than its timeout of {timeout}s"))
     except LeaseLost:
         raise  # e.g. refused by a fenced datastore write: not a failure of the job
-    except Reject as exc:
-        return Outcome("dead", exc)
-    except Retry as exc:
-        return Outcome("retry", exc, exc.delay)
     except Exception as exc:
-        retryable = task.options.retry.is_retryable(exc) and not isinstance(exc, ValidationError)
-        return Outcome("retry" if retryable else "dead", exc)
+        return classify(task, exc)
     return Outcome("ok")
+
+
+def classify(task: Task[Any], exc: Exception) -> Outcome:
+    """What a handler's exception asks for: a retry, or the dead-letter queue."""
+    if isinstance(exc, Reject):
+        return Outcome("dead", exc)
+    if isinstance(exc, Retry):
+        return Outcome("retry", exc, exc.delay)
+    retryable = task.options.retry.is_retryable(exc) and not isinstance(exc, ValidationError)
+    return Outcome("retry" if retryable else "dead", exc)
 
 
 def describe(error: BaseException, payload_error: bool = False) -> str:

@@ -278,15 +278,12 @@ class SqlCompletionStore:
 def _check_lease(lease: Lease | None, what: str) -> None:
     if lease is None:
         return
-    if not lease.held:
-        reason = lease.lost_reason or "the lease is not held"
-        raise LeaseLost(lease.key, f"cannot commit the effect of {what}: {reason}")
-    if lease.expires_at - time.time() <= 0:
-        raise LeaseLost(
-            lease.key,
-            f"cannot commit the effect of {what}: the lease is past its confirmed expiry "
-            "(renewals stalled)",
-        )
+    lapsed = lease.lapsed()
+    if lapsed is None:
+        return
+    if lease.lost_reason is None and lease.expires_in <= 0:
+        lapsed = "the lease is past its confirmed expiry (renewals stalled)"
+    raise LeaseLost(lease.key, f"cannot commit the effect of {what}: {lapsed}")
 
 
 #: The store ``context_effect`` uses when none is given (tables ``aqw_completions`` and

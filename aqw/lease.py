@@ -3,9 +3,12 @@
 ``async with Lease(redis, "customer:7", ttl=10) as lease:`` acquires the key with
 ``SET key token NX PX ttl`` and a fencing token from ``INCR``, renews it in the background
 every ``ttl/3`` with an atomic compare-token-then-``PEXPIRE``, and releases it on exit with an
-atomic compare-token-then-``DEL``. When a renewal is refused, or cannot succeed before the
-lease would expire, the block is cancelled and ``aqw.LeaseLost`` is raised out of the
-``async with``.
+atomic compare-token-then-``DEL``.
+
+The block's deadline is the lease's *confirmed expiry*: the moment the last successful renewal
+(or the acquire) was sent, plus ``ttl``. When a renewal is refused, or the process was paused or
+blocked past that expiry, the block is cancelled, and cancelled again until it has exited (one
+cancellation can be swallowed), and ``aqw.LeaseLost`` is raised out of the ``async with``.
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from . import _scripts
 from ._batch import CommandBatcher
+from ._cancel import Canceller
 from ._ids import new_token, now
-from .errors import ConfigError, LeaseLost, LeaseUnavailable
+from .errors import ConfigError, FenceCorrupted, LeaseLost, LeaseUnavailable
 
 log = logging.getLogger("aqw.lease")
 
@@ -49,6 +54,12 @@ class LeaseBackend(Protocol):
 class RedisLeaseBackend:
     """Leases in Redis. The fencing counter of a key lives at ``fence_key`` (or ``<key>:fence``)."""
 
+    #: The last fencing token handed out: the scripts refuse to count past it (Lua numbers
+    #: are doubles, exact up to 2^53).
+    FENCE_LIMIT = 2**53 - 1
+    #: The prefix of the scripts' error reply for a damaged or exhausted counter.
+    FENCE_ERROR = "AQWFENCE"
+
     def __init__(
         self, client: Redis | CommandBatcher, fence_key: str | Callable[[str], str] | None = None
     ) -> None:
@@ -72,14 +83,36 @@ class RedisLeaseBackend:
         return await script(self._client, keys, argv)
 
     async def acquire(self, key: str, token: str, ttl_ms: int) -> int | None:
-        if isinstance(self._client, CommandBatcher) and isinstance(self._fence_key, str):
-            # Leases sharing one fencing counter, taken at the same moment, go in one call.
-            fence = await self._client.merged(
-                self._acquire_many, (self._fence_key,), (), (key,), (token, ttl_ms)
-            )
-            return int(fence) or None
-        fence = await self._run(self._acquire, [key, self.fence_key(key)], [token, ttl_ms])
+        """Raises ``FenceCorrupted`` (and writes nothing) when the fencing counter is not an
+        integer or has reached ``FENCE_LIMIT``."""
+        try:
+            if isinstance(self._client, CommandBatcher) and isinstance(self._fence_key, str):
+                # Leases sharing one fencing counter, taken at the same moment, go in one call.
+                fence = await self._client.merged(
+                    self._acquire_many, (self._fence_key,), (), (key,), (token, ttl_ms)
+                )
+                return int(fence) or None
+            fence = await self._run(self._acquire, [key, self.fence_key(key)], [token, ttl_ms])
+        except ResponseError as exc:
+            message = str(exc)
+            if not message.startswith(self.FENCE_ERROR):
+                raise
+            value = message.rpartition("exhausted: ")[2] or "unknown"
+            raise FenceCorrupted(self.fence_key(key), value) from None
         return None if fence is None else int(fence)
+
+    @classmethod
+    def fence_damage(cls, value: bytes | str | None) -> str | None:
+        """Why a fencing counter's value would make acquisitions fail (the scripts' check),
+        or None when it is fine (absent counts as 0)."""
+        if value is None:
+            return None
+        text = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+        if text != "0" and not (text.isascii() and text.isdigit() and text[0] != "0"):
+            return f"{text[:40]!r} is not a non-negative integer"
+        if len(text) > 16 or int(text) + 1 > cls.FENCE_LIMIT:
+            return f"{text[:40]!r} is exhausted (fencing tokens stop at {cls.FENCE_LIMIT})"
+        return None
 
     async def renew(self, key: str, token: str, ttl_ms: int) -> bool:
         return bool(await self._run(self._renew, [key], [token, ttl_ms]))
@@ -146,7 +179,8 @@ class Lease:
         self._next_renew = 0.0
         self._renewing = False
         self._renewer: asyncio.Task[None] | None = None
-        self._scope: asyncio.Timeout | None = None
+        self._guard: Canceller | None = None
+        self._baseline = 0  # the block's task's cancellation requests when it entered
         self._on_lost: list[Callable[[Lease], None]] = []
         self._on_renewed: list[Callable[[Lease], None]] = []
 
@@ -154,8 +188,25 @@ class Lease:
 
     @property
     def held(self) -> bool:
-        """True while this holder believes it owns the key."""
-        return self._state in ("held", "handed_over") and self.lost_reason is None
+        """True while this holder owns the key: acquired, not lost, and its confirmed expiry
+        not yet passed."""
+        return self.lapsed() is None
+
+    def lapsed(self) -> str | None:
+        """Why this holder may no longer act under the lease (lost, or past its confirmed
+        expiry), or None while it is held."""
+        if self._state not in ("held", "handed_over"):
+            return "the lease is not held"
+        if self.lost_reason is not None:
+            return self.lost_reason
+        if asyncio.get_running_loop().time() >= self._expires_mono:
+            return "the lease expired before a renewal was confirmed"
+        return None
+
+    @property
+    def expires_in(self) -> float:
+        """Seconds until the confirmed expiry (negative once it has passed)."""
+        return self._expires_mono - asyncio.get_running_loop().time()
 
     @property
     def expires_at(self) -> float:
@@ -206,9 +257,14 @@ class Lease:
             delay = min(delay * 2, 0.25)
 
     async def __aenter__(self) -> Lease:
-        await self.acquire()
-        self._scope = asyncio.timeout(None)
-        await self._scope.__aenter__()
+        if self._state == "new":  # the worker acquires first, to tell its errors apart
+            await self.acquire()
+        elif self._state != "held" or self._guard is not None:
+            raise RuntimeError("a Lease can be entered once")
+        task = asyncio.current_task()
+        if task is not None:
+            self._baseline = task.cancelling()
+            self._guard = Canceller(task, self._expires_mono, on_fire=self._on_expiry)
         if self._keeper is not None:
             self._keeper.add(self)
         else:
@@ -222,18 +278,17 @@ class Lease:
         tb: TracebackType | None,
     ) -> None:
         self._stop_renewing()
+        others = self._close_guard()
         try:
-            assert self._scope is not None
-            await self._scope.__aexit__(exc_type, exc, tb)
-        except TimeoutError as timeout:
-            if self.lost_reason is not None:
+            if self._state == "held" and self.lost_reason is None and self.expires_in <= 0:
+                self._mark_lost("the lease expired before the block finished")
+            if self.lost_reason is not None and self._state == "held":
+                if exc_type is asyncio.CancelledError and others > self._baseline:
+                    return  # the block was also cancelled from outside: that stop wins
                 raise LeaseLost(self.key, self.lost_reason) from exc
-            raise timeout
         finally:
             if self._state == "held":
                 await self._release_shielded()
-        if self.lost_reason is not None and exc_type is None:
-            raise LeaseLost(self.key, self.lost_reason)
 
     async def release(self) -> bool:
         """Release now (compare-token-then-DEL). True when the key was still ours."""
@@ -250,16 +305,25 @@ class Lease:
 
     # -- runtime hooks --------------------------------------------------------------------
 
-    def _hand_over(self) -> None:
+    def hand_over(self) -> None:
         """Stop renewing and stop guarding the block: the caller settles and releases the
-        lease in one atomic step of its own (ack, retry or dead-letter)."""
+        lease in one atomic step of its own (ack, retry or dead-letter), a step that itself
+        checks the lease is still this holder's. Called by the worker, inside the block."""
         self._stop_renewing()
+        self._close_guard()
         if self._state == "held":
             self._state = "handed_over"
 
     def _lose(self, reason: str) -> None:
-        if self.lost_reason is not None or self._state != "held":
+        """The lease is gone: record why and stop the block, however long that takes."""
+        if not self._mark_lost(reason):
             return
+        if self._guard is not None:
+            self._guard.fire(reason)
+
+    def _mark_lost(self, reason: str) -> bool:
+        if self.lost_reason is not None or self._state != "held":
+            return False
         self.lost_reason = reason
         log.warning("lease %r lost: %s", self.key, reason)
         for callback in self._on_lost:
@@ -267,8 +331,19 @@ class Lease:
                 callback(self)
             except Exception:
                 log.exception("lease-lost callback failed")
-        if self._scope is not None and self._scope.when() is None:
-            self._scope.reschedule(asyncio.get_running_loop().time())
+        return True
+
+    def _on_expiry(self) -> None:
+        """The guard's deadline (the confirmed expiry) passed with no renewal confirmed."""
+        self._mark_lost("the lease expired before a renewal was confirmed")
+
+    def _close_guard(self) -> int:
+        """Disarm the block's guard; the block's task's cancellation requests that remain."""
+        guard, self._guard = self._guard, None
+        if guard is None:
+            task = asyncio.current_task()
+            return task.cancelling() if task is not None else 0
+        return guard.close()
 
     # -- internals ------------------------------------------------------------------------
 
@@ -352,10 +427,12 @@ class Lease:
                     self._lose("renewal refused: the key was deleted or taken by another holder")
                 elif not alive:
                     self._lose("the delivery is no longer ours (reclaimed or acknowledged)")
-                else:
+                elif self.lost_reason is None:
                     self.renewals += 1
                     self._expires_mono = sent + self.ttl
                     self._next_renew = sent + self.renew_every
+                    if self._guard is not None:
+                        self._guard.move(self._expires_mono)
                     for callback in self._on_renewed:
                         try:
                             callback(self)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import signal
 import time
 import traceback
@@ -26,6 +27,7 @@ from ._ids import consumer_name
 from ._keys import QueueKeys
 from ._locks import ResourceLock
 from ._outcome import Outcome, describe, run_handler
+from ._redact import redact_traceback
 from ._running import STATE_AFTER, RunningJob, WorkerStats
 from ._stats import SlidingStats
 from ._transient import TRANSIENT, Backoff, with_retries
@@ -37,6 +39,7 @@ from .errors import (
     LeaseLost,
     LeaseUnavailable,
     MalformedJob,
+    PayloadTooLarge,
     Retry,
     TooManyDeliveries,
     UnknownTask,
@@ -59,8 +62,31 @@ log = logging.getLogger("aqw.worker")
 
 FIRST_FAILURE = "aqw-first-failure"
 
+#: Bytes a received message may exceed its payload cap by: a retry adds a header and may
+#: lengthen the attempt number, so a job accepted just under the cap must still run.
+RECEIPT_SLACK = 1024
+
 #: In burst mode, delayed jobs due within this many seconds are waited for.
 BURST_HORIZON = 10.0
+
+
+def first_failure(job: Job) -> float:
+    """When the job first failed (seconds since the epoch), or 0.0: the header is written by
+    this worker but travels with the message, so it is read leniently."""
+    raw = job.headers.get(FIRST_FAILURE)
+    try:
+        value = float(raw) if raw else 0.0
+    except ValueError:
+        return 0.0
+    return value if math.isfinite(value) and value > 0 else 0.0
+
+
+def next_attempt(job: Job) -> Job:
+    """The job's next attempt, remembering when it first failed."""
+    headers = dict(job.headers)
+    if not first_failure(job):
+        headers[FIRST_FAILURE] = repr(time.time())
+    return job.model_copy(update={"attempt": job.attempt + 1, "headers": headers})
 
 
 class Worker:
@@ -97,7 +123,7 @@ class Worker:
         self.handle_signals = handle_signals
         self.name = name or consumer_name()
         self.stats = WorkerStats()
-        self.errors = ErrorTracker()
+        self.errors = ErrorTracker(redact=app.redact_errors)
         self.runaway = RunawayGuard()
         self.keeper = LeaseKeeper()
         self.window = SlidingStats()
@@ -112,13 +138,17 @@ class Worker:
         self._jobs: dict[asyncio.Task[None], str] = {}  # job task -> its delivery id
         self._settling: set[asyncio.Task[Any]] = set()
         self._running: dict[str, RunningJob] = {}
-        self._buffer: deque[Delivery] = deque()
+        self._buffer: deque[tuple[Delivery, float]] = deque()  # (delivery, buffered at)
         self._slot_free = asyncio.Event()
         self._stop = asyncio.Event()
         self._loops: list[asyncio.Task[None]] = []
         self._next_due: float | None = None
         self._idle_fetches = 0
-        self._max_ttl = max([app.lease_ttl, *(t.options.lease_ttl for t in app.tasks.values())])
+        ttls = [app.lease_ttl, *(t.options.lease_ttl for t in app.tasks.values())]
+        self._max_ttl = max(ttls)
+        self._min_ttl = min(ttls)
+        caps = [app.payload_limit(None), *(app.payload_limit(name) for name in app.tasks)]
+        self._receipt_cap = None if None in caps else max(c for c in caps if c is not None)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -264,7 +294,7 @@ class Worker:
         while not self._stop.is_set():
             free = self.concurrency - self._in_flight
             while free > 0 and self._buffer:
-                self._start(self._buffer.popleft())
+                self._start_buffered()
                 free -= 1
             want = free + self.prefetch - len(self._buffer)
             if free <= 0 or want <= 0:
@@ -288,7 +318,7 @@ class Worker:
                 if self._in_flight < self.concurrency:
                     self._start(delivery)
                 else:
-                    self._buffer.append(delivery)
+                    self._buffer.append((delivery, time.monotonic()))
             if self.burst:
                 await self._check_burst_done(bool(deliveries))
 
@@ -332,16 +362,23 @@ class Worker:
             self._next_due = None if wait is None else time.time() + wait
             await asyncio.sleep(0.05 if wait is None else min(wait, 0.05))
 
+    def _lease_ttl_of(self, job: Job | None) -> float:
+        """The lease TTL a job runs under (the app's for one that does not decode)."""
+        task = self.app.tasks.get(job.task) if job is not None else None
+        return task.options.lease_ttl if task is not None else self.app.lease_ttl
+
     async def _reclaim_loop(self) -> None:
-        idle = self._max_ttl * 1.1 + 0.2
-        interval = min(max(self._max_ttl / 4, 0.2), 15.0)
+        """Take over jobs whose consumer stopped: each once its own lease has lapsed (the
+        broker checks the lease key atomically with the claim), scanned several times per
+        shortest lease TTL."""
+        interval = min(max(self._min_ttl / 4, 0.1), 5.0)
         while not self._stop.is_set():
             await asyncio.sleep(interval)
             free = self.concurrency - self._in_flight - len(self._buffer)
             if free <= 0:
                 continue
             try:
-                deliveries = await self.broker.reclaim(idle, free)
+                deliveries = await self.broker.reclaim(free, self._lease_ttl_of, self._min_ttl)
             except TRANSIENT as exc:
                 log.warning("reclaiming abandoned jobs failed (%r)", exc)
                 continue
@@ -351,7 +388,7 @@ class Worker:
                 if self._in_flight < self.concurrency:
                     self._start(delivery)
                 else:
-                    self._buffer.append(delivery)
+                    self._buffer.append((delivery, time.monotonic()))
 
     async def _heartbeat_loop(self) -> None:
         """Publish this worker's summary every ``heartbeat`` seconds; several times a second,
@@ -392,17 +429,21 @@ class Worker:
 
     async def _give_back_buffer(self) -> None:
         while self._buffer:
-            delivery = self._buffer.popleft()
+            delivery, _ = self._buffer.popleft()
             with contextlib.suppress(Exception):
                 await self.broker.requeue(delivery, None)
 
     # -- one job ---------------------------------------------------------------------------
 
-    def _start(self, delivery: Delivery) -> None:
+    def _start(self, delivery: Delivery, waited: float = 0.0) -> None:
         self._in_flight += 1
-        task = asyncio.get_running_loop().create_task(self._process(delivery))
+        task = asyncio.get_running_loop().create_task(self._process(delivery, waited))
         self._jobs[task] = delivery.id
         task.add_done_callback(self._job_done)
+
+    def _start_buffered(self) -> None:
+        delivery, since = self._buffer.popleft()
+        self._start(delivery, time.monotonic() - since)
 
     def _job_done(self, task: asyncio.Task[None]) -> None:
         self._jobs.pop(task, None)
@@ -412,7 +453,17 @@ class Worker:
         if not task.cancelled() and task.exception() is not None:
             log.error("job runner crashed", exc_info=task.exception())
 
-    async def _process(self, delivery: Delivery) -> None:
+    async def _process(self, delivery: Delivery, waited: float = 0.0) -> None:
+        """One delivery, from bytes to a settle. Nothing escapes: an unexpected error ends
+        in a retry or the dead-letter queue, never in a delivery left pending to fail again."""
+        try:
+            await self._run_job(delivery, waited)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            await self._crashed(delivery, exc, None)
+
+    async def _run_job(self, delivery: Delivery, waited: float) -> None:
         job = self._decode(delivery)
         if job is None:
             return
@@ -422,6 +473,11 @@ class Worker:
             await self._dead_letter(
                 delivery, UnknownTask(f"unknown task {job.task!r} (known: {known})")
             )
+            return
+        limit = self.app.payload_limit(job.task)
+        if limit is not None and len(delivery.data) > limit + RECEIPT_SLACK:
+            too_large = PayloadTooLarge(job.task, len(delivery.data), limit, where=" (as received)")
+            await self._dead_letter(delivery, too_large)
             return
         if delivery.delivery_count > task.options.max_deliveries:
             reason = TooManyDeliveries(
@@ -453,6 +509,11 @@ class Worker:
         lease_started = now_ns() if tel.tracing else 0
         try:
             try:
+                if not await self._take_lease(lease, delivery, waited):
+                    # Another holder is running this job, or it is no longer ours.
+                    self.stats.lease_busy += 1
+                    jt.lease_refused(lease_started)
+                    return
                 async with lease:
                     jt.lease_acquired(lease, lease_started)
                     self._running[job.id] = run
@@ -465,17 +526,12 @@ class Worker:
                             if outcome.kind == "ok" and task.options.invalidates is not None:
                                 outcome = await self._invalidate(task, payload)
                             if outcome.error is not None and span is not None:
-                                span.record_exception(outcome.error)
+                                tel.record_error(span, outcome.error)
                                 span.set_status(Status(StatusCode.ERROR, describe(outcome.error)))
                         elapsed = time.perf_counter() - began
                         self.window.duration(elapsed)
                         tel.observe("aqw.job.duration", elapsed, job.task)
-                    lease._hand_over()
-            except LeaseUnavailable:
-                # Another holder is running this job: leave the delivery alone.
-                self.stats.lease_busy += 1
-                jt.lease_refused(lease_started)
-                return
+                    lease.hand_over()
             except LeaseLost as exc:
                 self.stats.lease_lost += 1
                 error = exc
@@ -490,9 +546,69 @@ class Worker:
             if current is not None:
                 self._settling.add(current)  # finished: a shutdown must not cancel its settle
             await self._settle(task, delivery, job, lease, outcome, jt)
+        except Exception as exc:
+            error = exc
+            await self._crashed(delivery, exc, lease if lease.token else None)
         finally:
             self._finish_run(run)
             jt.end(error)
+
+    async def _take_lease(self, lease: Lease, delivery: Delivery, waited: float) -> bool:
+        """Acquire the job's lease; False when another holder has the job. A lost connection
+        is retried with backoff (no attempt is spent) until the lease's TTL, then the
+        delivery is handed back for immediate redelivery."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + lease.ttl
+        backoff = Backoff(0.05, 1.0)
+        while True:
+            try:
+                await lease.acquire()
+                break
+            except LeaseUnavailable:
+                return False
+            except TRANSIENT as exc:
+                # The SET may have reached the server before the connection broke: drop the
+                # key if it is ours, or the next try would find it held by ourselves.
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(0.5):
+                        await lease.backend.release(lease.key, lease.token)
+                if loop.time() >= give_up or self._stop.is_set():
+                    log.warning("job lease %r: %r; handing the job back", lease.key, exc)
+                    await self._give_back(delivery)
+                    return False
+                await asyncio.sleep(backoff.next())
+        if waited > self._min_ttl / 2 and not await self.broker.keep_alive(delivery):
+            # It waited in the buffer long enough for another worker to take it over, and
+            # perhaps finish it: running it again would run it twice.
+            await lease.release()
+            return False
+        return True
+
+    async def _crashed(self, delivery: Delivery, exc: Exception, lease: Lease | None) -> None:
+        """The job path itself failed (a bug, damaged data, a backend error that is not a
+        lost connection): retry the job with backoff while it has retries left, else
+        dead-letter it with the reason. A delivery is never left pending to fail again."""
+        log.error("job path failed for message %s: %s", delivery.id, describe(exc), exc_info=exc)
+        job = delivery.job
+        task = self.app.tasks.get(job.task) if job is not None else None
+        try:
+            if (
+                job is not None
+                and task is not None
+                and task.options.retry.retries_left(job.attempt)
+            ):
+                delay = task.options.retry.delay(job.attempt)
+                retry = partial(
+                    self.broker.retry, delivery, next_attempt(job), time.time() + delay, lease
+                )
+                if await self._settle_step(retry):
+                    self.stats.retried += 1
+                    self.window.count("retried")
+                return
+            await self._dead_letter(delivery, exc, lease)
+        except Exception as again:
+            log.error("could not settle message %s (%s); it is redelivered after its lease",
+                      delivery.id, describe(again))  # fmt: skip
 
     def _finish_run(self, run: RunningJob) -> None:
         if self._running.get(run.job.id) is run:
@@ -541,8 +657,11 @@ class Worker:
 
     def _decode(self, delivery: Delivery) -> Job | None:
         try:
+            cap = self._receipt_cap
+            if cap is not None and len(delivery.data) > cap + RECEIPT_SLACK:
+                raise PayloadTooLarge("(any)", len(delivery.data), cap, where=" (as received)")
             delivery.job = Job.decode(delivery.data)
-        except MalformedJob as exc:
+        except (MalformedJob, PayloadTooLarge) as exc:
             self.stats.malformed += 1
             log.error("message %s is malformed: %s", delivery.id, exc)
             self._spawn(self._dead_letter(delivery, exc))
@@ -587,12 +706,10 @@ class Worker:
             delay = outcome.delay
             if delay is None:
                 delay = policy.delay(job.attempt) * self.runaway.delay_factor(task.name)
-            headers = dict(job.headers)
-            headers.setdefault(FIRST_FAILURE, repr(time.time()))
-            nxt = job.model_copy(update={"attempt": job.attempt + 1, "headers": headers})
+            nxt = next_attempt(job)
             log.warning(
-                "job %s (%s) attempt %d failed: %s: %s; retrying in %.2fs",
-                job.id, job.task, job.attempt, type(error).__name__, error, delay,
+                "job %s (%s) attempt %d failed: %s; retrying in %.2fs",
+                job.id, job.task, job.attempt, describe(error), delay,
             )  # fmt: skip
             retry = partial(self.broker.retry, delivery, nxt, time.time() + delay, lease)
             if await self._settle_step(retry):
@@ -625,12 +742,12 @@ class Worker:
         payload_error: bool = False,
     ) -> bool:
         job = delivery.job
-        first = float(job.headers.get(FIRST_FAILURE, 0) or 0) if job else 0.0
+        first = first_failure(job) if job else 0.0
         reason = describe(error, payload_error)
         failure = Failure(
             error_type=type(error).__name__,
             error=reason,
-            traceback="".join(traceback.format_exception(error))[-8000:],
+            traceback=self._traceback(error),
             worker=self.name,
             first_failed_at=first,
             failed_at=time.time(),
@@ -646,6 +763,11 @@ class Worker:
             self.window.count("dead")
             self.tel.count("aqw.jobs.dead_lettered", job.task if job else None)
         return ok
+
+    def _traceback(self, error: BaseException) -> str:
+        if self.app.redact_errors:
+            return redact_traceback(error, limit=8000)
+        return "".join(traceback.format_exception(error))[-8000:]
 
     async def _give_back(self, delivery: Delivery) -> None:
         """Cancelled mid-job (shutdown): hand the delivery back for immediate redelivery."""

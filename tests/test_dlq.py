@@ -118,12 +118,13 @@ MALFORMED: dict[str, tuple[bytes, str, str]] = {
         "ValidationError",
         "sku: Field required",
     ),
+    # Over the payload cap (1 MiB by default): refused before it is parsed.
     "10 MB payload string for an int": (
         envelope("work", "9" * 40 + "x" * TEN_MB),
-        "ValidationError",
-        "payload: Input should be a valid integer",
+        "PayloadTooLarge",
+        "over its max_payload_bytes of 1048576",
     ),
-    "10 MB of junk": (b"junk" * (TEN_MB // 4), "MalformedJob", "Invalid JSON"),
+    "10 MB of junk": (b"junk" * (TEN_MB // 4), "PayloadTooLarge", "over its max_payload_bytes"),
 }
 
 
@@ -181,7 +182,8 @@ async def test_malformed_input_is_dead_lettered_readably_and_good_jobs_flow(
     assert orders == [Order(sku="fine", qty=1)]
     s = worker.stats
     assert (s.processed, s.dead, s.retried, s.failed) == (good + 1, len(expected), 0, 0)
-    assert s.malformed == sum(1 for _, kind, _ in expected.values() if kind == "MalformedJob")
+    unreadable = ("MalformedJob", "PayloadTooLarge")
+    assert s.malformed == sum(1 for _, kind, _ in expected.values() if kind in unreadable)
     dead = await app.dlq.list(limit=1000)
     assert len(dead) == len(expected)
     by_data = {d.data: d for d in dead}
@@ -196,6 +198,9 @@ async def test_malformed_input_is_dead_lettered_readably_and_good_jobs_flow(
         assert entry.worker == worker.name
         if error_type == "MalformedJob":
             assert (entry.task, entry.job_id, entry.job) == ("", "", None), name
+        elif error_type == "PayloadTooLarge":  # refused unread: the entry keeps the bytes
+            assert (entry.task, entry.job_id) == ("", ""), name
+            assert len(entry.data) >= TEN_MB, name
         else:
             assert entry.job is not None and entry.task == entry.job.task, name
     assert await depth(app) == (0, 0, 0, len(expected))

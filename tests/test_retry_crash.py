@@ -207,7 +207,7 @@ class Stage:
         return await _scripts.load("retry")(
             self.client,
             [k.stream, k.delayed, k.lease(self.job.id), k.stats],
-            [GROUP, token, self.entry, due_ms, self.job.next_attempt().encode()],
+            [GROUP, token, self.entry, due_ms, self.job.next_attempt().encode(), "c1"],
         )
 
     async def dead_letter(
@@ -220,7 +220,7 @@ class Stage:
         return await _scripts.load("dead_letter")(
             self.client,
             [k.stream, k.dlq, k.lease(self.job.id), k.stats],
-            [GROUP, token, self.entry if entry is None else entry, limit, *fields],
+            [GROUP, token, self.entry if entry is None else entry, limit, "c1", *fields],
         )
 
     async def promote(self) -> Any:

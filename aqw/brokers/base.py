@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -169,8 +169,17 @@ class Broker(abc.ABC):
     async def fetch(self, count: int, block: float) -> list[Delivery]:
         """Up to ``count`` new deliveries, waiting up to ``block`` seconds for the first."""
 
-    async def reclaim(self, idle: float, count: int) -> list[Delivery]:
-        """Deliveries left unsettled by a dead consumer for longer than ``idle`` seconds."""
+    async def reclaim(
+        self, count: int, lease_ttl: Callable[[Job | None], float], min_idle: float
+    ) -> list[Delivery]:
+        """Deliveries left unsettled by a consumer that stopped. An entry is claimed once it has
+        been idle (no keep_alive from its holder) for at least its own job's lease TTL,
+        ``lease_ttl(job)`` seconds (``job`` is None when the entry does not decode), AND,
+        atomically with the claim, its job's lease key does not exist (a live holder whose
+        lease is still held is never robbed). ``min_idle`` is the smallest TTL lease_ttl can
+        return: entries idle less than that are not even looked at. At most ``count`` are
+        claimed; each claim counts as one more delivery. Brokers whose deliveries time out
+        by themselves (SQS visibility) recover nothing here."""
         return []
 
     async def give_back_unstarted(self, running: set[str]) -> int:

@@ -9,7 +9,7 @@ import heapq
 import itertools
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..job import Job
@@ -176,15 +176,27 @@ class MemoryBroker(Broker):
             out.append(Delivery(id=entry_id, data=data))
         return out
 
-    async def reclaim(self, idle: float, count: int) -> list[Delivery]:
+    async def reclaim(
+        self, count: int, lease_ttl: Callable[[Job | None], float], min_idle: float
+    ) -> list[Delivery]:
         out: list[Delivery] = []
         now = time.monotonic()
         for entry_id, p in self._q.pending.items():
             if len(out) >= count:
                 break
-            if now - p.since >= idle:
-                p.consumer, p.since, p.delivered = self.consumer, now, p.delivered + 1
-                out.append(Delivery(id=entry_id, data=p.data, delivery_count=p.delivered))
+            idle = now - p.since
+            if idle < min_idle:
+                continue
+            try:
+                job: Job | None = Job.decode(p.data)
+            except Exception:
+                job = None
+            if idle < lease_ttl(job):
+                continue
+            if job is not None and self._q.leases.owner(self.job_lease_key(job)) is not None:
+                continue  # its holder still has the lease: never robbed
+            p.consumer, p.since, p.delivered = self.consumer, now, p.delivered + 1
+            out.append(Delivery(id=entry_id, data=p.data, delivery_count=p.delivered))
         return out
 
     async def give_back_unstarted(self, running: set[str]) -> int:
@@ -221,15 +233,18 @@ class MemoryBroker(Broker):
 
     def _settle(self, delivery: Delivery, lease: Lease | None) -> bool:
         """The shared first half of every settle step: refuse if another holder owns it or
-        has already settled it."""
-        if delivery.id not in self._q.pending:
+        has already settled it. Without a held lease (it expired, or none was used) the entry
+        must still be pending to this consumer: another may have claimed it to run again."""
+        p = self._q.pending.get(delivery.id)
+        if p is None:
             return False
-        if lease is not None:
-            owner = self._q.leases.owner(lease.key)
-            if owner is not None and owner != lease.token:
-                return False
-            if owner is not None:
-                self._q.leases._held.pop(lease.key, None)
+        owner = self._q.leases.owner(lease.key) if lease is not None else None
+        if owner is not None and lease is not None and owner != lease.token:
+            return False
+        if owner is None and p.consumer != self.consumer:
+            return False
+        if owner is not None and lease is not None:
+            self._q.leases._held.pop(lease.key, None)
         self._q.pending.pop(delivery.id, None)
         return True
 

@@ -1,4 +1,4 @@
-"""Redis Streams broker: a consumer group per queue, manual acks, XAUTOCLAIM recovery.
+"""Redis Streams broker: a consumer group per queue, manual acks, recovery per job's lease.
 
 Layout (all keys share the ``{queue}`` hash tag): ``aqw:{q}:stream`` holds unfinished jobs
 (entries are deleted when settled, so it stays bounded), ``aqw:{q}:delayed`` (ZSET by due
@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
-from urllib.parse import parse_qs, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode
 
 from redis.asyncio import Redis
 from redis.backoff import ExponentialWithJitterBackoff
@@ -22,6 +23,16 @@ from redis.retry import Retry
 
 from .. import _scripts
 from .._batch import CommandBatcher
+from .._damage import (
+    DamagedDeadJob,
+    check_job_state,
+    damaged_heartbeat,
+    heartbeat_damage,
+    parse_json,
+    shown,
+    to_float,
+    to_int,
+)
 from .._keys import GROUP, QueueKeys
 from ..job import Job
 from ..lease import Lease, LeaseBackend, RedisLeaseBackend
@@ -29,6 +40,11 @@ from .base import Broker, DeadJob, Delivery, Failure, QueueDepth
 
 #: Longest BLOCK of one XREADGROUP; short enough to notice a stop quickly.
 MAX_BLOCK = 2.0
+
+#: One reclaim looks at up to ``max(RECLAIM_SCAN_MIN, count * RECLAIM_SCAN_FACTOR)`` idle
+#: pending entries.
+RECLAIM_SCAN_MIN = 16
+RECLAIM_SCAN_FACTOR = 4
 
 
 def make_client(url: str, **overrides: Any) -> Redis:
@@ -47,12 +63,20 @@ def make_client(url: str, **overrides: Any) -> Redis:
 
 
 def split_queue(url: str, default: str) -> tuple[str, str]:
-    """Take ``?queue=name`` off a redis URL: (url without it, queue name)."""
-    parts = urlsplit(url)
-    query = parse_qs(parts.query)
-    queue = query.pop("queue", [default])[-1]
-    rest = "&".join(f"{k}={v}" for k, vs in query.items() for v in vs)
-    return urlunsplit(parts._replace(query=rest)), queue
+    """Take ``?queue=name`` off a redis URL: (url without it, queue name).
+
+    The other query options are decoded and percent-encoded again, in their order (blank
+    ones kept), so redis-py reads the values written: ``%2B``, ``%26`` and ``%20`` give
+    ``+``, ``&`` and a space, and a bare ``+`` is a plus sign (``ssl_ca_certs=/a+b/ca.pem``),
+    not a space as in an HTML form. The rest of the URL is kept as written (``urlunsplit``
+    would turn ``unix:///path`` into ``unix:/path``)."""
+    head, hash_, fragment = url.partition("#")
+    base, _, query = head.partition("?")
+    pairs = parse_qsl(query.replace("+", "%2B"), keep_blank_values=True)
+    queues = [value for name, value in pairs if name == "queue"]
+    rest = urlencode([(k, v) for k, v in pairs if k != "queue"], safe="/", quote_via=quote)
+    plain = base + ("?" + rest if rest else "") + hash_ + fragment
+    return plain, queues[-1] if queues else default
 
 
 class RedisBroker(Broker):
@@ -150,22 +174,76 @@ class RedisBroker(Broker):
             return []
         return [_delivery(entry_id, fields) for entry_id, fields in reply[0][1] if fields]
 
-    async def reclaim(self, idle: float, count: int) -> list[Delivery]:
-        reply: Any = await self.client.xautoclaim(
-            self.keys.stream, GROUP, self.consumer, int(idle * 1000), "0-0", count=count
-        )
-        entries = [(i, f) for i, f in reply[1] if f]
-        if not entries:
+    #: Where the next reclaim scan of the pending entries starts (``-``: the beginning).
+    _reclaim_from = "-"
+
+    async def reclaim(
+        self, count: int, lease_ttl: Callable[[Job | None], float], min_idle: float
+    ) -> list[Delivery]:
+        if count <= 0 or not self.consumer:
+            return []
+        limit = max(RECLAIM_SCAN_MIN, count * RECLAIM_SCAN_FACTOR)
+        try:
+            pending: Any = await self.client.xpending_range(
+                self.keys.stream, GROUP, self._reclaim_from, "+", limit,
+                idle=max(0, int(min_idle * 1000)),
+            )  # fmt: skip
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            await self._ensure_group()
+            return []
+        # A full page: scan on from its end next time, so entries past the first ``limit``
+        # idle ones (waiting for a longer TTL) cannot hide due ones forever.
+        full = len(pending) >= limit
+        self._reclaim_from = f"({_text(pending[-1]['message_id'])}" if full else "-"
+        candidates = [(_text(p["message_id"]), int(p["time_since_delivered"])) for p in pending]
+        if not candidates:
             return []
         pipe = self.client.pipeline(transaction=False)
-        for entry_id, _ in entries:
-            pipe.xpending_range(self.keys.stream, GROUP, entry_id, entry_id, 1)
-        counts = await pipe.execute()
+        for entry_id, _ in candidates:
+            pipe.xrange(self.keys.stream, entry_id, entry_id)
+        ranges: list[Any] = await pipe.execute()
+        due = self._due_for_reclaim(candidates, ranges, lease_ttl, count)
+        if len(due) >= count:
+            self._reclaim_from = "-"  # due entries may be left over in this page
+        if not due:
+            return []
+        keys: list[str] = [self.keys.stream]
+        argv: list[Any] = [GROUP, self.consumer]
+        for entry_id, own_ms, lease_key, _ in due:
+            keys.append(lease_key or self.keys.lease("-"))
+            argv += [entry_id, own_ms, 1 if lease_key else 0]
+        claimed: Any = await self.batcher.script(_scripts.load("reclaim"), keys, argv)
+        fields_of = {entry_id: fields for entry_id, _, _, fields in due}
         out = []
-        for (entry_id, fields), pending in zip(entries, counts, strict=True):
-            delivered = int(pending[0]["times_delivered"]) if pending else 1
-            out.append(_delivery(entry_id, fields, delivered))
+        for entry_id, delivered in claimed:
+            fields = fields_of.get(_text(entry_id))
+            if fields is not None:  # None: deleted from the stream, now dropped from the PEL
+                out.append(_delivery(entry_id, fields, int(delivered)))
         return out
+
+    def _due_for_reclaim(
+        self,
+        candidates: list[tuple[str, int]],
+        ranges: list[Any],
+        lease_ttl: Callable[[Job | None], float],
+        count: int,
+    ) -> list[tuple[str, int, str | None, dict[Any, Any] | None]]:
+        """The candidates idle for at least their own job's lease TTL, at most ``count`` of
+        them: (entry id, that TTL in ms, the job's lease key or None, the entry's fields or
+        None when it is no longer in the stream)."""
+        due: list[tuple[str, int, str | None, dict[Any, Any] | None]] = []
+        for (entry_id, idle_ms), entries in zip(candidates, ranges, strict=True):
+            fields: dict[Any, Any] | None = entries[0][1] if entries else None
+            job = _decode_job(fields)
+            own_ms = max(0, math.ceil(lease_ttl(job) * 1000))
+            if idle_ms < own_ms:
+                continue
+            due.append((entry_id, own_ms, self.job_lease_key(job) if job else None, fields))
+            if len(due) >= count:
+                break
+        return due
 
     async def give_back_unstarted(self, running: set[str]) -> int:
         if not self.consumer:
@@ -219,7 +297,7 @@ class RedisBroker(Broker):
         ok = await self.batcher.merged(
             self._ack,
             (self.keys.stream, self.keys.stats),
-            (GROUP,),
+            (GROUP, self.consumer),
             (key, record),
             (delivery.id, token, ttl_ms, job.id if job else ""),
         )
@@ -230,7 +308,7 @@ class RedisBroker(Broker):
         ok = await self.batcher.script(
             self._retry,
             [self.keys.stream, self.keys.delayed, key, self.keys.stats],
-            [GROUP, token, delivery.id, int(run_at * 1000), job.encode()],
+            [GROUP, token, delivery.id, int(run_at * 1000), job.encode(), self.consumer],
         )
         return bool(ok)
 
@@ -254,7 +332,7 @@ class RedisBroker(Broker):
         ok = await self.batcher.script(
             self._dead,
             [self.keys.stream, self.keys.dlq, key, self.keys.stats],
-            [GROUP, token, delivery.id, self.dlq_limit, *fields],
+            [GROUP, token, delivery.id, self.dlq_limit, self.consumer, *fields],
         )
         return ok is not None
 
@@ -287,21 +365,35 @@ class RedisBroker(Broker):
         )
 
     async def job_state(self, job_id: str) -> dict[str, str] | None:
-        raw: Any = await self.client.hgetall(self.keys.job_state(job_id))
-        return {_text(k): _text(v) for k, v in raw.items()} or None
+        # A state whose numbers do not parse gets a "damaged" note (aqw._damage).
+        try:
+            raw: Any = await self.client.hgetall(self.keys.job_state(job_id))
+        except ResponseError as exc:  # WRONGTYPE: someone wrote another type at the key
+            return {"job_id": job_id, "damaged": f"the state key is not a hash ({exc})"}
+        if not raw:
+            return None
+        return check_job_state({_text(k): _text(v) for k, v in raw.items()})
 
     async def job_states(self, limit: int = 1000) -> list[dict[str, str]]:
+        limit = max(1, min(limit, 10_000))
         ids: Any = await self.client.zrange(self.keys.running, 0, limit - 1)
         if not ids:
             return []
         pipe = self.client.pipeline(transaction=False)
         for job_id in ids:
             pipe.hgetall(self.keys.job_state(_text(job_id)))
-        states: Any = await pipe.execute()
+        states: Any = await pipe.execute(raise_on_error=False)
         gone = [job_id for job_id, raw in zip(ids, states, strict=True) if not raw]
         if gone:  # their worker died: the state expired, the index entry stayed
             await self.client.zrem(self.keys.running, *gone)
-        return [{_text(k): _text(v) for k, v in raw.items()} for raw in states if raw]
+        out = []
+        for job_id, raw in zip(ids, states, strict=True):
+            if isinstance(raw, Exception):  # WRONGTYPE: not a hash
+                damage = f"the state key is not a hash ({raw})"
+                out.append({"job_id": _text(job_id), "damaged": damage})
+            elif raw:
+                out.append(check_job_state({_text(k): _text(v) for k, v in raw.items()}))
+        return out
 
     async def publish_heartbeat(self, worker: str, data: dict[str, Any], ttl: float) -> None:
         pipe = self.client.pipeline(transaction=False)
@@ -310,15 +402,34 @@ class RedisBroker(Broker):
         await pipe.execute()
 
     async def heartbeats(self) -> list[dict[str, Any]]:
-        names: Any = await self.client.smembers(self.keys.workers)
+        """Up to 1000 heartbeats. One that is not JSON, or not of the shape a
+        worker or monitor publishes, comes back as ``aqw._damage.damaged_heartbeat``."""
+        limit = 1000  # workers read at most: SSCAN, not SMEMBERS, so a forged set is cheap
+        names: set[str] = set()
+        cursor: Any = 0
+        try:
+            while True:
+                cursor, batch = await self.client.sscan(self.keys.workers, cursor, count=limit)
+                names.update(_text(n) for n in batch)
+                if not int(cursor) or len(names) >= limit:
+                    break
+        except ResponseError as exc:  # WRONGTYPE: the workers key is not a set
+            return [damaged_heartbeat(self.keys.workers, f"not a set ({exc})")]
         if not names:
             return []
-        ordered = sorted(_text(n) for n in names)
+        ordered = sorted(names)[:limit]
         values: Any = await self.client.mget([self.keys.worker(n) for n in ordered])
         gone = [n for n, v in zip(ordered, values, strict=True) if v is None]
         if gone:
             await self.client.srem(self.keys.workers, *gone)
-        return [json.loads(v) for v in values if v is not None]
+        out: list[dict[str, Any]] = []
+        for name, value in zip(ordered, values, strict=True):
+            if value is None:
+                continue
+            beat, problem = parse_json(value)
+            problem = problem or heartbeat_damage(beat)
+            out.append(beat if problem is None else damaged_heartbeat(name, problem))
+        return out
 
     async def remove_heartbeat(self, worker: str) -> None:
         pipe = self.client.pipeline(transaction=False)
@@ -342,8 +453,22 @@ class RedisBroker(Broker):
         return QueueDepth(max(0, length - in_flight), in_flight, delayed, dead)
 
     async def stats(self) -> dict[str, int]:
-        raw: Any = await self.client.hgetall(self.keys.stats)
-        return {_text(k): int(v) for k, v in raw.items()}
+        """The counters of the stats hash (at most 1000 fields); a field that is not an
+        integer is left out (``aqw status`` names it)."""
+        out: dict[str, int] = {}
+        cursor: Any = 0
+        try:
+            while True:
+                reply: Any = await self.client.hscan(self.keys.stats, cursor, count=1000)
+                cursor, batch = reply
+                for k, v in batch.items():
+                    n = to_int(v, None)
+                    if n is not None:
+                        out[_text(k)] = n
+                if not int(cursor) or len(out) >= 1000:
+                    return out
+        except ResponseError:  # WRONGTYPE: not a hash; `aqw status` reports it
+            return out
 
     # -- dead-letter queue -----------------------------------------------------------------
 
@@ -374,7 +499,19 @@ class RedisBroker(Broker):
 
 
 def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    # "replace": a field written by someone else need not be UTF-8, and must not crash a read.
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _decode_job(fields: dict[Any, Any] | None) -> Job | None:
+    """The job in a stream entry's fields, or None when there is none or it does not decode."""
+    data = fields.get(b"j") if fields else None
+    if data is None:
+        return None
+    try:
+        return Job.decode(data)
+    except Exception:
+        return None
 
 
 def _delivery(entry_id: Any, fields: dict[Any, Any], delivered: int = 1) -> Delivery:
@@ -385,17 +522,35 @@ def _delivery(entry_id: Any, fields: dict[Any, Any], delivered: int = 1) -> Deli
 
 
 def _dead_job(entry_id: Any, fields: dict[Any, Any]) -> DeadJob:
+    """A DLQ entry as a DeadJob; numbers that do not parse get defaults and a note
+    (``aqw._damage.DamagedDeadJob``)."""
     f = {_text(k): v for k, v in fields.items()}
-    return DeadJob(
-        id=_text(entry_id),
-        data=f.get("j", b""),
-        task=_text(f.get("task", b"")),
-        job_id=_text(f.get("job_id", b"")),
-        error_type=_text(f.get("error_type", b"")),
-        error=_text(f.get("error", b"")),
-        traceback=_text(f.get("tb", b"")),
-        attempts=int(f.get("attempts", 0)),
-        first_failed_at=float(f.get("first", 0) or 0),
-        last_failed_at=float(f.get("last", 0) or 0),
-        worker=_text(f.get("worker", b"")),
-    )
+    damaged: list[str] = []
+
+    def number(name: str, parse: Callable[[Any, None], float | None], what: str) -> Any:
+        raw = f.get(name)
+        if raw is None or raw in (b"", ""):
+            return 0
+        value = parse(raw, None)
+        if value is None or not 0 <= value <= 1e11:  # 1e11 s: the year 5138
+            damaged.append(f"{name} {shown(raw)} is not {what}")
+            return 0
+        return value
+
+    data = f.get("j", b"")
+    values: dict[str, Any] = {
+        "id": _text(entry_id),
+        "data": data if isinstance(data, bytes) else _text(data).encode(),
+        "task": _text(f.get("task", b"")),
+        "job_id": _text(f.get("job_id", b"")),
+        "error_type": _text(f.get("error_type", b"")),
+        "error": _text(f.get("error", b"")),
+        "traceback": _text(f.get("tb", b"")),
+        "attempts": int(number("attempts", to_int, "a count")),
+        "first_failed_at": float(number("first", to_float, "a time")),
+        "last_failed_at": float(number("last", to_float, "a time")),
+        "worker": _text(f.get("worker", b"")),
+    }
+    if damaged:
+        return DamagedDeadJob(**values, damaged=tuple(damaged))
+    return DeadJob(**values)

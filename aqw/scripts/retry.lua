@@ -3,11 +3,18 @@
 -- old entry pending (it is redelivered) or the new one scheduled, never both and never none.
 -- KEYS[1] stream, KEYS[2] delayed zset, KEYS[3] lease key, KEYS[4] stats hash
 -- ARGV[1] group, ARGV[2] lease token ('' for none), ARGV[3] entry id,
--- ARGV[4] due time (ms since the epoch), ARGV[5] next attempt's job JSON
--- Returns 1 when scheduled, 0 when refused (another holder owns the lease).
+-- ARGV[4] due time (ms since the epoch), ARGV[5] next attempt's job JSON, ARGV[6] consumer
+-- Returns 1 when scheduled, 0 when refused (another holder owns the lease, or the lease key is
+-- absent and the entry is no longer pending to this consumer: another consumer claimed it).
 local cur = redis.call('GET', KEYS[3])
 if cur and cur ~= ARGV[2] then
   return 0
+end
+if not cur then
+  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
+  if #p == 0 or p[1][2] ~= ARGV[6] then
+    return 0
+  end
 end
 -- No longer pending: another holder settled it after this one's lease expired.
 if redis.call('XACK', KEYS[1], ARGV[1], ARGV[3]) == 0 then

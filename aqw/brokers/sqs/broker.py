@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aioboto3
@@ -201,6 +202,13 @@ class SQSBroker(_Producer, _Consumer, _Leasing, _DeadLetters):
         visibility (unless ``visibility=`` is set), so no lease needs an extension at acquire.
         A hint: without it the acquire extends a visibility that is too short."""
         self._lease_visibility = _seconds(math.ceil(seconds * 1000))
+
+    async def reclaim(
+        self, count: int, lease_ttl: Callable[[Job | None], float], min_idle: float
+    ) -> list[Delivery]:
+        """Nothing to do: an unsettled message becomes visible again by itself when its
+        visibility timeout (the job's lease) runs out, and is then received anew."""
+        return []
 
     async def close(self) -> None:
         for batcher in list(self._batchers.values()):

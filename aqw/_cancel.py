@@ -1,0 +1,129 @@
+"""Stops that cannot be swallowed: cancel a task at a deadline and keep cancelling it until the
+guarded block has exited, and check a deadline each time a handler's coroutine resumes.
+
+One ``Task.cancel()`` is not a stop on Python 3.11: ``asyncio.wait_for`` (used by redis-py for
+every send) returns a result that races a cancellation instead of raising, and a handler may
+catch ``CancelledError`` by mistake. Both tools here assume the block may ignore a cancel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine, Generator
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+#: Seconds between repeated cancellations of a block that has not exited yet.
+REPEAT = 0.01
+
+
+class Canceller:
+    """Cancels ``task`` once ``when`` (event-loop time) has passed, then again every ``REPEAT``
+    seconds until ``close()``. The deadline can move (``move``) or fire now (``fire``).
+
+    The timer lives in the loop's timer heap, so after a pause (SIGSTOP, a blocked loop) it
+    fires in deadline order, before the block's own later timers. ``close()`` takes back every
+    cancellation it made (``Task.uncancel``), so the count of the task's other cancellations
+    tells whether someone else asked it to stop too."""
+
+    __slots__ = ("_handle", "_loop", "_on_fire", "_task", "cancels", "fired", "reason")
+
+    def __init__(
+        self,
+        task: asyncio.Task[Any],
+        when: float | None,
+        on_fire: Callable[[], None] | None = None,
+    ) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._task = task
+        self._on_fire = on_fire
+        self._handle: asyncio.TimerHandle | asyncio.Handle | None = None
+        self.cancels = 0
+        self.fired = False
+        self.reason = ""
+        if when is not None:
+            self.move(when)
+
+    def move(self, when: float) -> None:
+        """Cancel the task at loop time ``when`` instead (a no-op once fired or closed)."""
+        if self.fired or self._task is None:
+            return
+        if self._handle is not None:
+            self._handle.cancel()
+        self._handle = self._loop.call_at(when, self._fire)
+
+    def fire(self, reason: str = "") -> None:
+        """Cancel the task now, and keep at it until ``close()``."""
+        if self.fired:
+            return
+        if self._handle is not None:
+            self._handle.cancel()
+        self.reason = reason
+        self._fire()
+
+    def _fire(self) -> None:
+        first = not self.fired
+        self.fired = True
+        if first and self._on_fire is not None:
+            self._on_fire()
+        if self._task.done():
+            return
+        self._task.cancel(self.reason or None)
+        self.cancels += 1
+        self._handle = self._loop.call_later(REPEAT, self._fire)
+
+    def close(self) -> int:
+        """Stop cancelling; take back this canceller's cancellations. Returns the task's count
+        of cancellation requests that remain (someone else's)."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        remaining = self._task.cancelling()
+        for _ in range(self.cancels):
+            remaining = self._task.uncancel()
+        self.cancels = 0
+        return remaining
+
+
+class Guarded(Generic[T]):
+    """Await ``coro``, but each time it is resumed first ask ``expired()``; when that answers
+    a reason, throw ``CancelledError(reason)`` into the coroutine instead of resuming it, and
+    again at every later resume until it has finished.
+
+    This is what stops a handler that was paused past its deadline before it runs another
+    statement: the timer of a ``Canceller`` fires at the next loop iteration, but the event
+    that resumes the handler can come first in that same iteration."""
+
+    __slots__ = ("_coro", "_expired", "stopped")
+
+    def __init__(self, coro: Coroutine[Any, Any, T], expired: Callable[[], str | None]) -> None:
+        self._coro = coro
+        self._expired = expired
+        self.stopped: str | None = None
+
+    def __await__(self) -> Generator[Any, Any, T]:
+        coro = self._coro
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            reason = self._expired()
+            if reason is not None:
+                self.stopped = reason
+                error = asyncio.CancelledError(reason)
+            try:
+                if error is not None:
+                    pending, error = error, None
+                    step = coro.throw(pending)
+                else:
+                    step = coro.send(value)
+            except StopIteration as done:
+                result: T = done.value
+                return result
+            try:
+                value = yield step
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # delivered by the task: pass it on
+                value, error = None, exc
