@@ -5,7 +5,7 @@ Amazon SQS or an in-process broker; retries with backoff, a dead-letter queue, a
 graceful shutdown.
 """
 
-from ._running import WorkerStats
+from ._redis.lease import RedisLeaseBackend
 from .app import App
 from .brokers.base import Broker, DeadJob, QueueDepth
 from .cache import Cache, CacheEntry
@@ -27,13 +27,13 @@ from .errors import (
 )
 from .idempotency import SqlCompletionStore
 from .job import Job
-from .lease import Lease, LeaseBackend, LeaseKeeper, RedisLeaseBackend
+from .lease import Lease, LeaseBackend, LeaseKeeper
 from .monitor import Alert, CallbackSink, LogSink, Monitor, Sink, WebhookSink
 from .redlock import RedlockBackend
 from .retry import RetryPolicy
-from .runtime import Worker
 from .task import Enqueued, Task
 from .telemetry import Telemetry
+from .worker import Worker, WorkerStats
 
 __version__ = "0.1.0"
 

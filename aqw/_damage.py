@@ -117,7 +117,7 @@ def damage_of(dead: DeadJob) -> tuple[str, ...]:
 
 # -- running-job states -----------------------------------------------------------------------
 
-#: Fields of a published job state that hold numbers (``aqw._running.Run.state``).
+#: Fields of a published job state that hold numbers (``aqw.worker._running.Run.state``).
 JOB_STATE_NUMBERS = {"started_at": "float", "lease_expires_at": "float",
                      "attempt": "int", "fencing_token": "int"}  # fmt: skip
 
@@ -219,7 +219,7 @@ _ALERTS = {"rule": _required_str, "queue": _required_str, "severity": _required_
 def heartbeat_damage(beat: Any) -> str | None:
     """Why ``beat`` cannot be used as a worker's (or a monitor's) heartbeat, or None.
 
-    Checks the shape ``aqw._heartbeat.summary`` and ``Monitor._publish`` write: names are
+    Checks the shape ``aqw.worker._heartbeat.summary`` and ``Monitor._publish`` write: names are
     strings, numbers are finite JSON numbers, counters are integers, lists hold objects."""
     if not isinstance(beat, dict):
         return f"not a JSON object ({type(beat).__name__})"

@@ -11,7 +11,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
-from ._keys import validate_queue_name
+from ._redis.keys import validate_queue_name
 from .brokers import Broker, from_url
 from .errors import ConfigError, PayloadTooLarge, UnknownTask
 from .job import Job
@@ -22,7 +22,7 @@ from .telemetry import Telemetry
 if TYPE_CHECKING:
     from .cache import Cache
     from .dlq import DeadLetters
-    from .runtime import Worker
+    from .worker._worker import Worker
 
 R = TypeVar("R")
 
@@ -294,7 +294,7 @@ class App:
             heartbeat: seconds between the worker's published summaries (for
                 ``aqw status`` and the monitor).
         """
-        from .runtime import Worker
+        from .worker._worker import Worker
 
         return Worker(
             self,

@@ -41,8 +41,8 @@ from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 from redis.asyncio import Redis
 
-from . import _scripts
 from ._ids import new_token
+from ._redis import scripts as _scripts
 from .errors import ConfigError
 
 __all__ = ["Cache", "CacheEntry", "CacheEventHook"]

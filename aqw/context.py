@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from .cache import Cache
     from .idempotency import SqlCompletionStore
     from .job import Job
-    from .runtime import Worker
+    from .worker._worker import Worker
 
 _log = logging.getLogger("aqw.job")
 

@@ -55,7 +55,7 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from . import _scripts
+from ._redis import scripts as _scripts
 from .errors import ConfigError
 
 log = logging.getLogger("aqw.redlock")

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from ._damage import shown, split_heartbeats, to_float, to_int
 from ._text import printable
 from .brokers.base import Broker
-from .monitor import _secs as _age
+from .monitor import format_age as _age
 from .monitor import is_monitor_heartbeat
 
 if TYPE_CHECKING:
@@ -96,8 +96,8 @@ async def _redis_problems(broker: Broker) -> list[str]:
     fail (``aqw.errors.FenceCorrupted``), and stats fields that are not integers."""
     from redis.exceptions import ResponseError
 
+    from ._redis.lease import RedisLeaseBackend
     from .brokers.redis import RedisBroker
-    from .lease import RedisLeaseBackend
 
     if not isinstance(broker, RedisBroker):
         return []
@@ -319,7 +319,7 @@ def render_job(job_id: str, state: dict[str, str] | None) -> str:
 
 def add_parser(sub: Any) -> None:
     """Add ``aqw status`` to the command line's subparsers."""
-    from .cli import _add_target
+    from .cli._main import _add_target
 
     p = sub.add_parser("status", help="queue depth, rates, workers, alerts; or one job's state")
     _add_target(p, positional_app=False)
@@ -330,7 +330,7 @@ def add_parser(sub: Any) -> None:
 
 async def run(args: argparse.Namespace) -> int:
     """``aqw status [JOB_ID] [--json] [--watch SECONDS]``."""
-    from .cli import resolve_app
+    from .cli._main import resolve_app
 
     app = resolve_app(args, need_app=False)
     try:

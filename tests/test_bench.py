@@ -1,6 +1,6 @@
 """``aqw bench``, run as a subprocess on ``memory://`` and on the real Redis.
 
-It runs as ``python -m aqw.bench ARGS`` (the same parser and code as ``aqw bench ARGS``).
+It runs as ``python -m aqw.cli.bench ARGS`` (the same parser and code as ``aqw bench ARGS``).
 Every run must print a table and a recommendation, and leave no ``aqw:{<bench queue>}:*``
 key behind, also when interrupted.
 """
@@ -23,7 +23,7 @@ import pytest
 import redis
 from conftest import REDIS_URL, delete_queue_keys
 
-from aqw.bench import Point, recommend
+from aqw.cli.bench._main import Point, recommend
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -35,7 +35,7 @@ def bench(
     *args: str, env: dict[str, str], cwd: Path | None = None, timeout: float = 45
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "aqw.bench", *args],
+        [sys.executable, "-m", "aqw.cli.bench", *args],
         env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
 
@@ -181,7 +181,7 @@ def test_interrupted_run_cleans_up(
     queue = f"aqw-bench-t{uuid.uuid4().hex[:8]}"
     bench_queues.append(queue)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "aqw.bench", "--broker", REDIS_URL, "--queue", queue,
+        [sys.executable, "-m", "aqw.cli.bench", "--broker", REDIS_URL, "--queue", queue,
          "--jobs", "200000", "--processes", "2", "-c", "10"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

@@ -31,7 +31,7 @@ from conftest import REDIS_URL, Backend
 
 import aqw
 from aqw._damage import DamagedDeadJob, to_float, to_int
-from aqw._keys import QueueKeys
+from aqw._redis.keys import QueueKeys
 from aqw._text import printable
 from aqw.brokers.memory import MemoryBroker
 from aqw.brokers.redis import RedisBroker

@@ -30,7 +30,7 @@ import pytest
 import redis
 import yaml
 
-from aqw._keys import QueueKeys
+from aqw._redis.keys import QueueKeys
 from aqw.telemetry import METRICS
 from tests._helpers import free_port
 

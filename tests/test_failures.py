@@ -16,7 +16,7 @@ import pytest
 from conftest import Backend
 
 import aqw
-from aqw.failures import ErrorTracker, RunawayGuard, fingerprint
+from aqw.worker._failures import ErrorTracker, RunawayGuard, fingerprint
 from tests._helpers import eventually
 
 pytestmark = pytest.mark.timeout(30)

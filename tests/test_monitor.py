@@ -27,9 +27,10 @@ from conftest import REDIS_URL, Backend
 import aqw
 from aqw.brokers.memory import MemoryBroker
 from aqw.brokers.redis import RedisBroker
+from aqw.cli._monitor import add_parser
 from aqw.job import Job
 from aqw.lease import Lease
-from aqw.monitor import Alert, CallbackSink, LogSink, Monitor, WebhookSink, add_parser
+from aqw.monitor import Alert, CallbackSink, LogSink, Monitor, WebhookSink
 from tests._helpers import eventually
 
 pytestmark = pytest.mark.timeout(60)
@@ -609,7 +610,7 @@ def test_add_parser_builds_the_monitor_command() -> None:
 
 CLI = """
 import argparse, asyncio, sys
-from aqw.monitor import add_parser, run
+from aqw.cli._monitor import add_parser, run
 parser = argparse.ArgumentParser(prog="aqw")
 add_parser(parser.add_subparsers(dest="command"))
 sys.exit(asyncio.run(run(parser.parse_args(sys.argv[1:]))))

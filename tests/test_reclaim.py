@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from conftest import Backend
 
-from aqw import _scripts
-from aqw._keys import GROUP
+from aqw._redis import scripts as _scripts
+from aqw._redis.keys import GROUP
 from aqw.brokers.base import Broker, Delivery, Failure
 from aqw.brokers.memory import MemoryBroker
 from aqw.brokers.redis import RedisBroker

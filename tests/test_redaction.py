@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 import aqw
 from aqw._redact import MAX_CHARS, redact_error, redact_message, redact_traceback
-from aqw.failures import ErrorTracker
+from aqw.worker._failures import ErrorTracker
 from tests._helpers import eventually
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.filterwarnings("error")]

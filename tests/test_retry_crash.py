@@ -27,8 +27,8 @@ from conftest import REDIS_BACKENDS, REDIS_URL, Backend, require_real_redis
 from redis.asyncio import Redis
 
 import aqw
-from aqw import _scripts
-from aqw._keys import GROUP, QueueKeys
+from aqw._redis import scripts as _scripts
+from aqw._redis.keys import GROUP, QueueKeys
 from aqw.brokers.redis import RedisBroker
 from tests._helpers import eventually
 

@@ -19,7 +19,7 @@ from conftest import Backend, PrivateRedis
 from pydantic import BaseModel, Field, ValidationError
 
 import aqw
-from aqw import _scripts
+from aqw._redis import scripts as _scripts
 from aqw.brokers.memory import MemoryBroker
 from aqw.brokers.redis import RedisBroker
 from tests._helpers import depth, eventually

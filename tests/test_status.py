@@ -28,8 +28,8 @@ import aqw
 from aqw.brokers.memory import MemoryBroker
 from aqw.brokers.redis import RedisBroker
 from aqw.monitor import CallbackSink, Monitor
-from aqw.runtime import Worker
 from aqw.status import add_parser, gather_status, render, run
+from aqw.worker import Worker
 
 pytestmark = pytest.mark.timeout(60)
 

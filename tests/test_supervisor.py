@@ -1,4 +1,4 @@
-"""``aqw.supervisor.run_supervised``: N worker processes on the real Redis, restarted when
+"""``aqw.cli.supervisor.run_supervised``: N worker processes on the real Redis, restarted when
 killed, stopped gracefully by SIGTERM, given up on in a crash loop.
 
 The supervisor runs as ``python -c "...run_supervised(sys.argv[1:], N)"`` (the wiring of
@@ -56,7 +56,7 @@ async def work(n: int, seconds: float = 0.01) -> None:
 SUPERVISE = (
     "import logging, sys\n"
     "logging.basicConfig(level='INFO', stream=sys.stderr, format='%(name)s: %(message)s')\n"
-    "from aqw.supervisor import run_supervised\n"
+    "from aqw.cli.supervisor import run_supervised\n"
     "n, opts = int(sys.argv[1]), eval(sys.argv[2])\n"
     "sys.exit(run_supervised(sys.argv[3:], n, **opts))\n"
 )
@@ -275,7 +275,7 @@ def test_workers_do_not_outlive_a_killed_supervisor(supervise: Callable[..., Sup
 def test_worker_argv_drops_processes_and_keeps_the_rest() -> None:
     import argparse
 
-    from aqw.supervisor import worker_argv
+    from aqw.cli.supervisor import worker_argv
 
     args = argparse.Namespace(
         log_level="DEBUG", command="worker", app="pkg.jobs:app", broker=None, queue="q",

@@ -21,8 +21,6 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 from redis.retry import Retry
 
-from .. import _scripts
-from .._batch import CommandBatcher
 from .._damage import (
     DamagedDeadJob,
     check_job_state,
@@ -33,9 +31,12 @@ from .._damage import (
     to_float,
     to_int,
 )
-from .._keys import GROUP, QueueKeys
+from .._redis import scripts as _scripts
+from .._redis.batch import CommandBatcher
+from .._redis.keys import GROUP, QueueKeys
+from .._redis.lease import RedisLeaseBackend
 from ..job import Job
-from ..lease import Lease, LeaseBackend, RedisLeaseBackend
+from ..lease import Lease, LeaseBackend
 from .base import Broker, DeadJob, Delivery, Failure, QueueDepth
 
 #: Longest BLOCK of one XREADGROUP; short enough to notice a stop quickly.

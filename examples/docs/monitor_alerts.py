@@ -1,4 +1,4 @@
-"""aqw.monitor.Monitor: the alert rules evaluated live, with transitions sent to sinks."""
+"""aqw.Monitor: the alert rules evaluated live, with transitions sent to sinks."""
 
 import asyncio
 import logging

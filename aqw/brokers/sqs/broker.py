@@ -129,7 +129,7 @@ class SQSBroker(_Producer, _Consumer, _Leasing, _DeadLetters):
                 await stack.aclose()
                 raise
             if self._lock_url is not None and self._lock_store is None:
-                from ...lease import RedisLeaseBackend
+                from ..._redis.lease import RedisLeaseBackend
                 from ..redis import make_client
 
                 lock_client = make_client(self._lock_url)

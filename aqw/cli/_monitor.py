@@ -9,12 +9,12 @@ import importlib
 import signal
 from typing import Any
 
-from .alerts import LogSink, Sink, WebhookSink
+from ..monitor import LogSink, Monitor, Sink, WebhookSink
 
 
 def add_parser(sub: Any) -> None:
     """Add ``aqw monitor`` to the command line's subparsers."""
-    from .cli import _add_target
+    from ._main import _add_target
 
     p = sub.add_parser("monitor", help="evaluate the alert rules of a queue until stopped")
     _add_target(p, positional_app=False)
@@ -30,8 +30,7 @@ def add_parser(sub: Any) -> None:
 
 async def run(args: argparse.Namespace) -> int:
     """``aqw monitor``: run a ``Monitor`` until SIGTERM or SIGINT."""
-    from .cli import resolve_app
-    from .monitor import Monitor  # here: aqw.monitor re-exports this module's functions
+    from ._main import resolve_app
 
     app = resolve_app(args, need_app=False)
     otel = _configure_otel()

@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from ._cancel import Canceller, Guarded
-from .errors import JobTimeout, LeaseLost, Reject, Retry
+from .._cancel import Canceller, Guarded
+from ..errors import JobTimeout, LeaseLost, Reject, Retry
 
 if TYPE_CHECKING:
-    from .context import Context
-    from .task import Task
+    from ..context import Context
+    from ..task import Task
 
 
 TIMED_OUT = "the handler ran past its timeout"

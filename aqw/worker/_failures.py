@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import CodeType
 
-from ._redact import redact_message
-from .errors import ConfigError
+from .._redact import redact_message
+from ..errors import ConfigError
 
 log = logging.getLogger("aqw.failures")
 

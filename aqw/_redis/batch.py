@@ -18,7 +18,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError, NoScriptError, ResponseError, TimeoutError
 
-from ._scripts import Script
+from .scripts import Script
 
 Resolver = Callable[[Any], None]
 

@@ -22,16 +22,16 @@ from typing import Any
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
-from . import bench as bench_cli
-from . import monitor as monitor_cli
-from . import status as status_cli
-from ._damage import damage_of
-from ._text import printable
-from .app import App
-from .brokers import from_url
-from .dlq import DeadLetters, dead_job_json
-from .errors import AqwError, ConfigError
-from .telemetry import configure_otel, shutdown_otel
+from .. import status as status_cli
+from .._damage import damage_of
+from .._text import printable
+from ..app import App
+from ..brokers import from_url
+from ..dlq import DeadLetters, dead_job_json
+from ..errors import AqwError, ConfigError
+from ..telemetry import configure_otel, shutdown_otel
+from . import _monitor as monitor_cli
+from .bench import _main as bench_cli
 
 log = logging.getLogger("aqw.cli")
 

@@ -40,10 +40,10 @@ from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
-from ._bench_measure import Point, delete_queue, measure, queue_keys
-from ._bench_report import Progress, recommend, redact, report
-from .brokers import from_url
-from .errors import ConfigError
+from ...brokers import from_url
+from ...errors import ConfigError
+from ._measure import Point, delete_queue, measure, queue_keys
+from ._report import Progress, recommend, redact, report
 
 __all__ = ["Point", "add_parser", "main", "recommend", "run"]
 
@@ -138,7 +138,7 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
     broker = args.broker or os.environ.get("AQW_BROKER")
     payload: Any = None
     if args.app:
-        from .cli import load_app
+        from .._main import load_app
 
         user = load_app(args.app)
         broker = broker or user.broker_url
@@ -248,14 +248,14 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m aqw.bench ...``: the ``aqw bench`` command on its own."""
+    """``python -m aqw.cli.bench._main ...``: the ``aqw bench`` command on its own."""
     parser = argparse.ArgumentParser(prog="aqw")
     parser.add_argument("--log-level", default=os.environ.get("AQW_LOG_LEVEL", "WARNING"))
     sub = parser.add_subparsers(dest="command", required=True)
     add_parser(sub)
     args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
-    from .cli import CliError
+    from .._main import CliError
 
     try:
         return asyncio.run(run(args))

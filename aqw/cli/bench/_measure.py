@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from ._bench_worker import Children, InProcess, target
-from .brokers import Broker, from_url
-from .brokers.redis import RedisBroker
+from ...brokers import Broker, from_url
+from ...brokers.redis import RedisBroker
+from ._worker import Children, InProcess, target
 
 PRELOAD_BATCH = 500
 
@@ -62,7 +62,7 @@ async def queue_keys(broker: Broker) -> list[Any]:
 async def delete_queue(url: str, queue: str) -> int:
     """Delete every key of ``queue``: SCAN + DEL on Redis; forget an in-memory queue."""
     if urlsplit(url).scheme == "memory":
-        from .brokers import memory
+        from ...brokers import memory
 
         memory._QUEUES.pop(queue, None)
         return 0

@@ -1,5 +1,5 @@
 """The monitor's three alert rules (``queue_depth``, ``retry_rate``, ``stuck_job``; see
-``aqw.monitor``): each returns the alerts whose condition holds now, judged with the
+``aqw.monitor._monitor``): each returns the alerts whose condition holds now, judged with the
 thresholds of the ``Monitor`` it is given."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from collections.abc import Container
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._damage import to_float, to_int
-from ._text import printable
-from .alerts import Alert
+from .._damage import to_float, to_int
+from .._text import printable
+from ._sinks import Alert
 
 if TYPE_CHECKING:
-    from .monitor import Monitor
+    from ._monitor import Monitor
 
 
 @dataclass(slots=True)
@@ -122,7 +122,7 @@ def check_stuck(
                 continue
             summary = (
                 f"job {printable(job['job_id'])} ({printable(job.get('task'))}) on "
-                f"{printable(job.get('worker'))} has run {_secs(running_for)}, more than "
+                f"{printable(job.get('worker'))} has run {format_age(running_for)}, more than "
                 f"{m.stuck_factor:g}x its SLA of {sla:g}s"
             )
             details = {**job, "reason": "sla", "running_for": running_for}
@@ -138,7 +138,9 @@ def check_stuck(
         expected = m.stuck_factor * task_sla if task_sla else m.orphan_after
         if expires > now and now - started <= expected:
             continue
-        why = "its lease expired" if expires <= now else f"it started {_secs(now - started)} ago"
+        why = (
+            "its lease expired" if expires <= now else f"it started {format_age(now - started)} ago"
+        )
         summary = (
             f"job {printable(job_id)} ({printable(state.get('task'))}) is orphaned: worker "
             f"{printable(worker)} no longer heartbeats and {why}"
@@ -166,7 +168,7 @@ def _stuck_alert(
     return Alert("stuck_job", m.queue, "warning", summary, details, now, key=f"stuck_job:{job_id}")
 
 
-def _secs(seconds: float) -> str:
+def format_age(seconds: float) -> str:
     return f"{seconds:.1f}s" if seconds < 10 else f"{seconds:.0f}s"
 
 

@@ -43,32 +43,17 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._damage import split_heartbeats, to_float
-from ._ids import consumer_name
-from ._monitor_cli import add_parser, run
-from ._monitor_rules import Baseline, check_depth, check_retries, check_stuck
-from ._monitor_rules import _secs as _secs  # `aqw status` shows ages the same way
-from ._text import printable
-from .alerts import Alert, CallbackSink, LogSink, Sink, WebhookSink
-from .brokers.base import Broker
-from .errors import ConfigError, LeaseLost, LeaseUnavailable
-from .lease import Lease
+from .._damage import split_heartbeats, to_float
+from .._ids import consumer_name
+from .._text import printable
+from ..brokers.base import Broker
+from ..errors import ConfigError, LeaseLost, LeaseUnavailable
+from ..lease import Lease
+from ._rules import Baseline, check_depth, check_retries, check_stuck
+from ._sinks import Alert, LogSink, Sink
 
 if TYPE_CHECKING:
-    from .app import App
-
-__all__ = [
-    "MONITOR_KIND",
-    "Alert",
-    "CallbackSink",
-    "LogSink",
-    "Monitor",
-    "Sink",
-    "WebhookSink",
-    "add_parser",
-    "is_monitor_heartbeat",
-    "run",
-]
+    from ..app import App
 
 log = logging.getLogger("aqw.monitor")
 

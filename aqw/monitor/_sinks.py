@@ -1,6 +1,6 @@
 """Alerts and where they go: an ``Alert`` fires and resolves; each transition goes to every
 ``Sink`` (``LogSink``, ``WebhookSink``, ``CallbackSink``, or any object with
-``async emit(alert)``). ``aqw.monitor.Monitor`` raises them."""
+``async emit(alert)``). ``aqw.monitor._monitor.Monitor`` raises them."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 log = logging.getLogger("aqw.monitor")  # the monitor's logger: alerts are its output
 

@@ -22,18 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import Status, StatusCode
 
-from ._heartbeat import report_stuck, stuck_jobs, summary
-from ._ids import consumer_name
-from ._keys import QueueKeys
-from ._locks import ResourceLock
-from ._outcome import Outcome, describe, run_handler
-from ._redact import redact_traceback
-from ._running import STATE_AFTER, RunningJob, WorkerStats
-from ._stats import SlidingStats
-from ._transient import TRANSIENT, Backoff, with_retries
-from .brokers.base import Delivery, Failure, QueueDepth
-from .context import Context
-from .errors import (
+from .._ids import consumer_name
+from .._redact import redact_traceback
+from .._redis.keys import QueueKeys
+from ..brokers.base import Delivery, Failure, QueueDepth
+from ..context import Context
+from ..errors import (
     BrokerUnavailable,
     ConfigError,
     LeaseLost,
@@ -44,19 +38,25 @@ from .errors import (
     TooManyDeliveries,
     UnknownTask,
 )
-from .failures import ErrorTracker, RunawayGuard
-from .job import Job
-from .lease import Lease, LeaseKeeper
-from .telemetry import (
+from ..job import Job
+from ..lease import Lease, LeaseKeeper
+from ..telemetry import (
     ATTR_DLQ_REASON,
     ATTR_RETRY_DELAY,
     JobTrace,
     now_ns,
 )
+from ._backoff import TRANSIENT, Backoff, with_retries
+from ._failures import ErrorTracker, RunawayGuard
+from ._handler import Outcome, describe, run_handler
+from ._heartbeat import report_stuck, stuck_jobs, summary
+from ._locks import ResourceLock
+from ._running import STATE_AFTER, RunningJob, WorkerStats
+from ._stats import SlidingStats
 
 if TYPE_CHECKING:
-    from .app import App
-    from .task import Task
+    from ..app import App
+    from ..task import Task
 
 log = logging.getLogger("aqw.worker")
 

@@ -17,12 +17,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from .app import App
-from .brokers import Broker, from_url
-from .errors import ConfigError
-from .task import Task
+from ...app import App
+from ...brokers import Broker, from_url
+from ...errors import ConfigError
+from ...task import Task
 
-CHILD_CODE = "from aqw._bench_worker import child_main; child_main()"
+CHILD_CODE = "from aqw.cli.bench._worker import child_main; child_main()"
 
 
 class _Work(BaseModel):
@@ -45,7 +45,7 @@ Payloads = Callable[[int, int], list[Any]]
 def target(cfg: dict[str, Any]) -> tuple[App, Task[Any], Payloads]:
     """The app (on the bench queue), the task and a payload maker ``(first, count)``."""
     if cfg["app"]:
-        from .cli import load_app
+        from .._main import load_app
 
         app = load_app(cfg["app"])
         app.broker = from_url(cfg["broker"], cfg["queue"])

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import LeaseUnavailable
-from .lease import Lease
-from .telemetry import Telemetry
+from ..errors import LeaseUnavailable
+from ..lease import Lease
+from ..telemetry import Telemetry
 
 
 class ResourceLock(Lease):

@@ -1,4 +1,4 @@
-"""Lua scripts: read once from ``aqw/scripts/*.lua`` and called by SHA (EVALSHA).
+"""Lua scripts: read once from ``aqw/_redis/lua/*.lua`` and called by SHA (EVALSHA).
 
 A script missing from the server's cache (after a restart or ``SCRIPT FLUSH``) is loaded and
 the call retried once.
@@ -43,6 +43,6 @@ class Script:
 
 @cache
 def load(name: str) -> Script:
-    """The script ``aqw/scripts/<name>.lua``, read once per process."""
-    source = resources.files("aqw").joinpath("scripts", f"{name}.lua").read_text("utf-8")
+    """The script ``aqw/_redis/lua/<name>.lua``, read once per process."""
+    source = resources.files("aqw._redis").joinpath("lua", f"{name}.lua").read_text("utf-8")
     return Script(name, source)

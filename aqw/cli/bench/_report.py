@@ -10,7 +10,7 @@ from dataclasses import asdict
 from typing import Any
 from urllib.parse import urlsplit
 
-from ._bench_measure import Point
+from ._measure import Point
 
 WITHIN = 0.05  # the recommendation: within 5% of the best throughput
 

@@ -8,11 +8,11 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
+from ..telemetry import EVENT_STUCK
 from ._running import vars_of
-from .telemetry import EVENT_STUCK
 
 if TYPE_CHECKING:
-    from .runtime import Worker
+    from ._worker import Worker
 
 log = logging.getLogger("aqw.worker")
 

@@ -7,9 +7,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .job import Job
-from .lease import Lease
-from .telemetry import JobTrace
+from ..job import Job
+from ..lease import Lease
+from ..telemetry import JobTrace
 
 
 @dataclass(slots=True)

@@ -81,7 +81,7 @@ class QueueKeys:
 
 def validate_queue_name(name: str) -> str:
     """Queue names become part of key names: keep them printable and brace-free."""
-    from .errors import ConfigError
+    from ..errors import ConfigError
 
     if not name or len(name) > 200 or any(c in name for c in "{}\n\r\t ") or not name.isprintable():
         raise ConfigError(

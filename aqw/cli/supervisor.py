@@ -265,7 +265,7 @@ def run_supervised(
         stable_after: seconds a worker must run for its slot's backoff to start over.
     """
     if processes < 1:
-        from .errors import ConfigError
+        from ..errors import ConfigError
 
         raise ConfigError(f"--processes must be >= 1, got {processes!r}")
     supervisor = _Supervisor(
