@@ -111,6 +111,19 @@ class App:
         self._telemetry: Telemetry | None = None
         self._telemetry_key: tuple[int, int] = (0, 0)
 
+    def use_broker(self, broker: str | Broker, queue: str | None = None) -> None:
+        """Point this app at another broker (a URL or a ``Broker``) and, optionally, another
+        queue, before any worker runs: what ``aqw --broker/--queue`` does to an app module."""
+        if isinstance(broker, str):
+            self.broker_url = broker
+            self.broker = from_url(broker, queue or self.queue)
+        else:
+            self.broker_url = None
+            self.broker = broker
+        self.queue = self.broker.queue
+        self.broker.completion_ttl = self.idempotency_ttl
+        self._telemetry = None
+
     def __repr__(self) -> str:
         broker = type(self.broker).__name__
         return f"<App queue={self.queue!r} broker={broker} tasks={len(self.tasks)}>"

@@ -26,7 +26,6 @@ from .. import status as status_cli
 from .._damage import damage_of
 from .._text import printable
 from ..app import App
-from ..brokers import from_url
 from ..dlq import DeadLetters, dead_job_json
 from ..errors import AqwError, ConfigError
 from ..telemetry import configure_otel, shutdown_otel
@@ -97,11 +96,7 @@ def resolve_app(args: argparse.Namespace, *, need_app: bool = True) -> App:
     else:
         raise CliError("name an app (--app MODULE:APP) or a broker (--broker URL)")
     if broker_url or queue:
-        app.broker = from_url(broker_url or app.broker_url or "memory://", queue or app.queue)
-        app.broker.completion_ttl = app.idempotency_ttl
-        app.queue = app.broker.queue
-        if broker_url:
-            app.broker_url = broker_url
+        app.use_broker(broker_url or app.broker_url or "memory://", queue or app.queue)
     return app
 
 

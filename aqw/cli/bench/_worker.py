@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from ...app import App
-from ...brokers import Broker, from_url
+from ...brokers import Broker
 from ...errors import ConfigError
 from ...task import Task
 
@@ -48,9 +48,7 @@ def target(cfg: dict[str, Any]) -> tuple[App, Task[Any], Payloads]:
         from .._main import load_app
 
         app = load_app(cfg["app"])
-        app.broker = from_url(cfg["broker"], cfg["queue"])
-        app.broker.completion_ttl = app.idempotency_ttl
-        app.queue, app.broker_url = app.broker.queue, cfg["broker"]
+        app.use_broker(cfg["broker"], cfg["queue"])
         task = app.get_task(cfg["task"])
         sample = cfg["payload"]
         return app, task, lambda first, count: [sample] * count
