@@ -6,6 +6,7 @@ graceful shutdown.
 """
 
 from ._redis.lease import RedisLeaseBackend
+from ._version import __version__
 from .app import App
 from .brokers.base import Broker, DeadJob, QueueDepth
 from .cache import Cache, CacheEntry
@@ -34,8 +35,6 @@ from .retry import RetryPolicy
 from .task import Enqueued, Task
 from .telemetry import Telemetry
 from .worker import Worker, WorkerStats
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Alert",

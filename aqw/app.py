@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import MeterProvider
@@ -13,16 +13,14 @@ from opentelemetry.trace import TracerProvider
 
 from ._redis.keys import validate_queue_name
 from .brokers import Broker, from_url
+from .cache import Cache
+from .dlq import DeadLetters
 from .errors import ConfigError, PayloadTooLarge, UnknownTask
 from .job import Job
 from .retry import RetryPolicy
 from .task import Enqueued, Handler, Invalidates, Task, TaskOptions
 from .telemetry import Telemetry
-
-if TYPE_CHECKING:
-    from .cache import Cache
-    from .dlq import DeadLetters
-    from .worker._worker import Worker
+from .worker import Worker
 
 R = TypeVar("R")
 
@@ -100,7 +98,6 @@ class App:
         self.timeout = timeout
         self.max_deliveries = max_deliveries
         self.idempotency_ttl = idempotency_ttl
-        self.broker.completion_ttl = idempotency_ttl
         self.tasks: dict[str, Task[Any]] = {}
         self.cache = cache
         self.max_payload_bytes = max_payload_bytes
@@ -121,7 +118,6 @@ class App:
             self.broker_url = None
             self.broker = broker
         self.queue = self.broker.queue
-        self.broker.completion_ttl = self.idempotency_ttl
         self._telemetry = None
 
     def __repr__(self) -> str:
@@ -307,8 +303,6 @@ class App:
             heartbeat: seconds between the worker's published summaries (for
                 ``aqw status`` and the monitor).
         """
-        from .worker._worker import Worker
-
         return Worker(
             self,
             concurrency=concurrency,
@@ -322,8 +316,6 @@ class App:
     @property
     def dlq(self) -> DeadLetters:
         """The dead-letter queue: list, show, replay and purge dead jobs."""
-        from .dlq import DeadLetters
-
         return DeadLetters(self)
 
     async def job_status(self, job_id: str) -> dict[str, str] | None:

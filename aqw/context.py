@@ -4,18 +4,35 @@ from __future__ import annotations
 
 import logging
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from .cache import Cache
 from .errors import ConfigError
+from .idempotency import SqlCompletionStore, context_effect
+from .job import Job
 from .lease import Lease
 
-if TYPE_CHECKING:
-    from .cache import Cache
-    from .idempotency import SqlCompletionStore
-    from .job import Job
-    from .worker._worker import Worker
-
 _log = logging.getLogger("aqw.job")
+
+
+class HostApp(Protocol):
+    """What a job's context needs of the App: its queue and cache."""
+
+    @property
+    def queue(self) -> str: ...
+    @property
+    def cache(self) -> Cache | None: ...
+
+
+class ContextHost(Protocol):
+    """What a job's context needs of the worker running it."""
+
+    @property
+    def app(self) -> HostApp: ...
+    @property
+    def name(self) -> str: ...
+    async def report_progress(self, ctx: Context, fraction: float, message: str) -> None: ...
+    def resource_lock(self, name: str, *, ttl: float, wait: float | None) -> Lease: ...
 
 
 class Context:
@@ -30,7 +47,7 @@ class Context:
 
     __slots__ = ("_log", "job", "lease", "state", "worker")
 
-    def __init__(self, job: Job, lease: Lease | None, worker: Worker) -> None:
+    def __init__(self, job: Job, lease: Lease | None, worker: ContextHost) -> None:
         self.job = job
         self.lease = lease
         self.worker = worker
@@ -40,6 +57,11 @@ class Context:
     @property
     def job_id(self) -> str:
         return self.job.id
+
+    @property
+    def queue(self) -> str:
+        """The queue the job came from."""
+        return self.worker.app.queue
 
     @property
     def task(self) -> str:
@@ -94,6 +116,4 @@ class Context:
         """Guard this job's write to a SQL datastore so it commits once:
         ``async with conn.transaction(), ctx.effect(conn) as first_time:`` (write only when
         ``first_time``). Fenced by the job lease; see ``aqw.idempotency``."""
-        from .idempotency import context_effect
-
         return context_effect(self, conn, store, key=key)

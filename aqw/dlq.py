@@ -5,20 +5,26 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ._damage import damage_of
-from .brokers.base import DeadJob
+from .brokers.base import Broker, DeadJob
 from .errors import ConfigError
+from .task import Task
 
-if TYPE_CHECKING:
-    from .app import App
+
+class DeadLetterApp(Protocol):
+    """What the dead-letter API needs of the App: its broker and its tasks."""
+
+    @property
+    def broker(self) -> Broker: ...
+    def get_task(self, name: str) -> Task[Any]: ...
 
 
 class DeadLetters:
     """Operations on an app's dead-letter queue (``app.dlq``)."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: DeadLetterApp) -> None:
         self.app = app
         self.broker = app.broker
 

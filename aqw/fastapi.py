@@ -40,7 +40,7 @@ from .errors import ConfigError
 
 if TYPE_CHECKING:
     from .app import App
-    from .worker._worker import Worker
+    from .worker import Worker
 
 __all__ = ["STATE_ATTRIBUTE", "health", "lifespan", "worker_of"]
 

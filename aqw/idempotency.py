@@ -59,13 +59,11 @@ import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .errors import ConfigError, LeaseLost
-
-if TYPE_CHECKING:
-    from .context import Context
-    from .lease import Lease
+from .job import Job
+from .lease import Lease
 
 __all__ = ["SqlCompletionStore", "context_effect", "default_store"]
 
@@ -291,8 +289,21 @@ def _check_lease(lease: Lease | None, what: str) -> None:
 default_store = SqlCompletionStore()
 
 
+class EffectContext(Protocol):
+    """What ``context_effect`` needs of a job's context (``aqw.Context``)."""
+
+    @property
+    def job(self) -> Job: ...
+    @property
+    def lease(self) -> Lease | None: ...
+    @property
+    def fencing_token(self) -> int: ...
+    @property
+    def queue(self) -> str: ...
+
+
 def context_effect(
-    ctx: Context,
+    ctx: EffectContext,
     conn: Any,
     store: SqlCompletionStore | None = None,
     *,
@@ -309,7 +320,7 @@ def context_effect(
     job = ctx.job
     return (store or default_store).effect(
         conn,
-        queue=ctx.worker.app.queue,
+        queue=ctx.queue,
         key=key or job.key or job.id,
         job_id=job.id,
         fencing_token=ctx.fencing_token,

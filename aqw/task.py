@@ -7,19 +7,31 @@ import typing
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, TypeAdapter, ValidationError, create_model
 
+from .context import Context
 from .errors import ConfigError
 from .retry import RetryPolicy
 
-if TYPE_CHECKING:
-    from .app import App
-    from .context import Context
-
 R = TypeVar("R")
 Handler = Callable[..., Awaitable[R]]
+
+
+class TaskApp(Protocol):
+    """What a task needs of the App it is registered on: a way to enqueue."""
+
+    async def enqueue(
+        self,
+        task: Task[Any],
+        payloads: Sequence[Any],
+        *,
+        key: str | None = None,
+        delay: float | None = None,
+        at: datetime | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> list[Enqueued]: ...
 
 
 class Enqueued(str):
@@ -150,9 +162,7 @@ class PayloadCodec:
 class Task(Generic[R]):
     """A registered handler. Call ``enqueue`` to run it on a worker."""
 
-    def __init__(self, app: App, fn: Handler[R], name: str, options: TaskOptions) -> None:
-        from .context import Context
-
+    def __init__(self, app: TaskApp, fn: Handler[R], name: str, options: TaskOptions) -> None:
         if not inspect.iscoroutinefunction(fn):
             raise ConfigError(f"task {name!r}: the handler must be an `async def` function")
         self.app = app

@@ -30,6 +30,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 
 from ._redact import redact_error, redact_message, redact_traceback
+from ._version import __version__
 
 if TYPE_CHECKING:
     from .brokers.base import QueueDepth
@@ -169,8 +170,6 @@ class Telemetry:
         link: bool = False,
         redact: bool = True,
     ) -> None:
-        from . import __version__
-
         tp = tracer_provider or trace.get_tracer_provider()
         mp = meter_provider or metrics.get_meter_provider()
         self.queue = queue

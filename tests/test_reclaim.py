@@ -67,11 +67,14 @@ async def pair(backend: Backend) -> AsyncIterator[Pair]:
 
 async def fetch_one(broker: Broker) -> Delivery:
     [delivery] = await broker.fetch(1, 0.5)
-    try:
-        delivery.job = Job.decode(delivery.data)
-    except Exception:
-        delivery.job = None
     return delivery
+
+
+def job_of(delivery: Delivery) -> Job | None:
+    try:
+        return Job.decode(delivery.data)
+    except Exception:
+        return None
 
 
 async def reclaim_when_due(
@@ -112,7 +115,8 @@ async def test_an_abandoned_entry_is_reclaimed_after_its_own_lease_ttl(pair: Pai
 
     assert [(d.id, d.data, d.delivery_count) for d in got] == [(short.id, short.data, 2)]
     assert SHORT - 0.05 <= waited < 1.5, waited  # its own 0.2 s, not the 60 s of "long"
-    assert long.job is not None and long.job in ttls.asked  # looked at, left for its own TTL
+    long_job = job_of(long)
+    assert long_job is not None and long_job in ttls.asked  # looked at, left for its own TTL
     assert await b.reclaim(10, ttls, ttls.min_idle) == []  # b holds it now: not idle
     assert not await a.keep_alive(short)  # no longer a's
     assert (await a.depth()).in_flight == 2
@@ -186,7 +190,7 @@ async def test_a_malformed_entry_is_reclaimed_after_the_ttl_for_none(
     await a.publish([Job(task="short")])
     bad = await fetch_one(a)
     good = await fetch_one(a)
-    assert bad.job is None and good.job is not None
+    assert job_of(bad) is None and job_of(good) is not None
 
     got = await reclaim_when_due(b, ttls, within=3.0)
     assert [(d.id, d.data, d.delivery_count) for d in got] == [(bad.id, b"{not json", 2)]
@@ -244,13 +248,14 @@ async def test_reclaim_takes_at_most_count(pair: Pair) -> None:
 
 
 async def settle(broker: Broker, step: str, delivery: Delivery, lease: Lease | None) -> bool:
+    job = job_of(delivery)
     if step == "ack":
-        return await broker.ack(delivery, lease)
+        return await broker.ack(delivery, job, lease)
     if step == "retry":
-        assert delivery.job is not None
-        return await broker.retry(delivery, delivery.job.next_attempt(), time.time() + 60, lease)
+        assert job is not None
+        return await broker.retry(delivery, job.next_attempt(), time.time() + 60, lease)
     failure = Failure("ValueError", "ValueError: no", worker="w", failed_at=time.time())
-    return await broker.dead_letter(delivery, failure, 1, lease)
+    return await broker.dead_letter(delivery, job, failure, 1, lease)
 
 
 async def take_lease(broker: Broker, job: Job, ttl: float) -> Lease:
@@ -294,7 +299,6 @@ async def test_a_settle_by_the_old_holder_after_another_claimed_is_refused(
     assert not await settle(a, step, delivery, lease)
     assert await outcome(a) == UNSETTLED  # nothing moved: b's run owns the job
 
-    claimed.job = Job.decode(claimed.data)
     b_lease = await take_lease(b, job, 5.0)
     assert not await settle(a, step, delivery, lease)  # b's lease: refused too
     assert await settle(b, step, claimed, b_lease)
@@ -309,7 +313,6 @@ async def test_a_claimer_without_a_lease_settles_its_own_claim(pair: Pair, step:
     await a.publish([Job(task="short")])
     delivery = await fetch_one(a)
     [claimed] = await reclaim_when_due(b, ttls, within=3.0)
-    claimed.job = Job.decode(claimed.data)
     assert not await settle(a, step, delivery, None)
     assert await settle(b, step, claimed, None)
     assert await outcome(b) == SETTLED[step]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import ConfigError
+
 PREFIX = "aqw"
 GROUP = "aqw"
 
@@ -81,8 +83,6 @@ class QueueKeys:
 
 def validate_queue_name(name: str) -> str:
     """Queue names become part of key names: keep them printable and brace-free."""
-    from ..errors import ConfigError
-
     if not name or len(name) > 200 or any(c in name for c in "{}\n\r\t ") or not name.isprintable():
         raise ConfigError(
             f"invalid queue name {name!r}: use 1-200 printable characters without spaces or braces"

@@ -6,6 +6,8 @@ from urllib.parse import urlsplit
 
 from ..errors import ConfigError
 from .base import Broker, DeadJob, Delivery, Failure, QueueDepth
+from .memory import MemoryBroker
+from .redis import RedisBroker, split_queue
 
 __all__ = ["Broker", "DeadJob", "Delivery", "Failure", "QueueDepth", "from_url"]
 
@@ -19,13 +21,9 @@ def from_url(url: str, queue: str = "default") -> Broker:
     """
     scheme = urlsplit(url).scheme.lower()
     if scheme == "memory":
-        from .memory import MemoryBroker
-
         name = urlsplit(url).netloc or queue
         return MemoryBroker(name)
     if scheme in ("redis", "rediss", "unix"):
-        from .redis import RedisBroker, split_queue
-
         plain, name = split_queue(url, queue)
         return RedisBroker(plain, name)
     if scheme == "sqs":

@@ -8,7 +8,6 @@ that are atomic on its side.
 from __future__ import annotations
 
 import abc
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,17 +15,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..job import Job
 from ..lease import Lease, LeaseBackend
-
-#: Heartbeats and running-job states kept in this process, per queue, by brokers that have
-#: no shared store for them (memory; SQS without a lock store).
-_HEARTBEATS: dict[str, dict[str, tuple[dict[str, Any], float]]] = {}
-_JOB_STATES: dict[str, dict[str, tuple[dict[str, str], float]]] = {}
-
-
-def reset_local_state() -> None:
-    """Forget the heartbeats and job states kept in this process (for tests)."""
-    _HEARTBEATS.clear()
-    _JOB_STATES.clear()
+from ._local_status import LocalStatus
 
 
 @dataclass(slots=True)
@@ -37,7 +26,6 @@ class Delivery:
     data: bytes
     delivery_count: int = 1
     receipt: Any = None
-    job: Job | None = None
     attributes: dict[str, str] = field(default_factory=dict)
     #: (start, end) of the fetch that delivered it, in ns, when tracing is on.
     received: tuple[int, int] | None = None
@@ -119,12 +107,15 @@ class Broker(abc.ABC):
     #: ``messaging.system`` for telemetry.
     system: str = "unknown"
 
-    #: Seconds a completion record of a keyed job lives (0: none are written).
-    completion_ttl: float = 0.0
+    #: Errors that mean "the broker is unreachable right now": the worker retries them with
+    #: backoff instead of failing a job. Brokers add their client library's classes.
+    transient_errors: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, OSError)
 
     def __init__(self, queue: str) -> None:
         self.queue = queue
         self.consumer = ""
+        #: Job states and heartbeats, for brokers with no shared store for them.
+        self.local_status = LocalStatus()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -201,6 +192,10 @@ class Broker(abc.ABC):
         """The lease key guarding ``job``."""
         return f"aqw:{{{self.queue}}}:lease:{job.id}"
 
+    def lock_key(self, name: str) -> str:
+        """The lease key of the resource lock ``name`` (``ctx.lock(name)``) on this queue."""
+        return f"aqw:{{{self.queue}}}:lock:{name}"
+
     @abc.abstractmethod
     async def keep_alive(self, delivery: Delivery) -> bool:
         """Keep ``delivery`` ours while its job runs; False when it is no longer ours."""
@@ -208,8 +203,12 @@ class Broker(abc.ABC):
     # -- settling (each atomic with the release of the job's lease) -------------------------
 
     @abc.abstractmethod
-    async def ack(self, delivery: Delivery, lease: Lease | None) -> bool:
-        """The job finished: remove it for good. False when another holder owns it now."""
+    async def ack(
+        self, delivery: Delivery, job: Job | None, lease: Lease | None, record_ttl: float = 0.0
+    ) -> bool:
+        """The job finished: remove it for good, and when it has an idempotency key and
+        ``record_ttl`` > 0, write its completion record for that many seconds, in the same
+        step. False when another holder owns it now."""
 
     @abc.abstractmethod
     async def retry(self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None) -> bool:
@@ -217,9 +216,15 @@ class Broker(abc.ABC):
 
     @abc.abstractmethod
     async def dead_letter(
-        self, delivery: Delivery, failure: Failure, attempts: int, lease: Lease | None
+        self,
+        delivery: Delivery,
+        job: Job | None,
+        failure: Failure,
+        attempts: int,
+        lease: Lease | None,
     ) -> bool:
-        """Move the delivery to the dead-letter queue with ``failure`` recorded."""
+        """Move the delivery to the dead-letter queue with ``failure`` recorded (``job`` is
+        None when the message could not be decoded)."""
 
     @abc.abstractmethod
     async def requeue(self, delivery: Delivery, lease: Lease | None) -> bool:
@@ -233,47 +238,35 @@ class Broker(abc.ABC):
 
     async def set_job_state(self, job_id: str, state: dict[str, str], ttl: float) -> None:
         """Publish the state of a running job for ``ttl`` seconds. This default keeps it in
-        the process (enough for an embedded worker); shared brokers store it centrally."""
-        _JOB_STATES.setdefault(self.queue, {})[job_id] = (state, time.monotonic() + ttl)
+        the broker object (enough for an embedded worker); shared brokers store it centrally."""
+        self.local_status.set_job_state(job_id, state, ttl)
 
     async def clear_job_state(self, job_id: str) -> None:
         """Remove the state of a job that is no longer running."""
-        _JOB_STATES.get(self.queue, {}).pop(job_id, None)
+        self.local_status.clear_job_state(job_id)
 
     async def job_state(self, job_id: str) -> dict[str, str] | None:
         """The published state of a running job, or None."""
-        states = _JOB_STATES.get(self.queue, {})
-        entry = states.get(job_id)
-        if entry is None or entry[1] < time.monotonic():
-            states.pop(job_id, None)
-            return None
-        return dict(entry[0])
+        return self.local_status.job_state(job_id)
 
     async def job_states(self, limit: int = 1000) -> list[dict[str, str]]:
         """The published states of up to ``limit`` running jobs."""
-        now = time.monotonic()
-        states = _JOB_STATES.get(self.queue, {})
-        live = [dict(state) for state, until in states.values() if until >= now]
-        return live[:limit]
+        return self.local_status.job_states(limit)
 
     # -- worker heartbeats (what `aqw status` and the monitor read) -------------------------
 
     async def publish_heartbeat(self, worker: str, data: dict[str, Any], ttl: float) -> None:
         """Publish a worker's summary for ``ttl`` seconds. This default keeps it in the
-        process; shared brokers store it centrally so any process can read it."""
-        _HEARTBEATS.setdefault(self.queue, {})[worker] = (data, time.monotonic() + ttl)
+        broker object; shared brokers store it centrally so any process can read it."""
+        self.local_status.publish_heartbeat(worker, data, ttl)
 
     async def heartbeats(self) -> list[dict[str, Any]]:
         """The summaries of the workers that published one recently."""
-        beats = _HEARTBEATS.get(self.queue, {})
-        now = time.monotonic()
-        for name in [n for n, (_, until) in beats.items() if until < now]:
-            del beats[name]
-        return [data for data, _ in beats.values()]
+        return self.local_status.heartbeats()
 
     async def remove_heartbeat(self, worker: str) -> None:
         """Withdraw a stopped worker's summary."""
-        _HEARTBEATS.get(self.queue, {}).pop(worker, None)
+        self.local_status.remove_heartbeat(worker)
 
     # -- inspection ------------------------------------------------------------------------
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 from ..job import Job
 from ..lease import Lease, LeaseBackend
-from .base import Broker, DeadJob, Delivery, Failure, QueueDepth, reset_local_state
+from ._local_status import LocalStatus
+from .base import Broker, DeadJob, Delivery, Failure, QueueDepth
 
 
 class MemoryLeaseBackend:
@@ -77,6 +78,7 @@ class _Queue:
     leases: MemoryLeaseBackend = field(default_factory=MemoryLeaseBackend)
     ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     changed: asyncio.Event | None = None
+    status: LocalStatus = field(default_factory=LocalStatus)
 
     def next_id(self) -> str:
         return f"{int(time.time() * 1000)}-{next(self.ids)}"
@@ -93,10 +95,15 @@ _QUEUES: dict[str, _Queue] = {}
 
 
 def reset_memory_queues() -> None:
-    """Forget every in-memory queue of this process, and the heartbeats and job states kept
-    in the process (for tests)."""
+    """Forget every in-memory queue of this process, with their heartbeats and job states
+    (for tests)."""
     _QUEUES.clear()
-    reset_local_state()
+
+
+def delete_memory_queue(name: str) -> None:
+    """Forget the in-memory queue ``name`` of this process, with everything in it (its
+    jobs, dead-letter queue, heartbeats and job states); a later broker starts it afresh."""
+    _QUEUES.pop(name, None)
 
 
 class MemoryBroker(Broker):
@@ -108,6 +115,7 @@ class MemoryBroker(Broker):
         super().__init__(queue)
         self.dlq_limit = dlq_limit
         self._q = _QUEUES.setdefault(queue, _Queue())
+        self.local_status = self._q.status  # brokers of one queue share its status too
 
     async def connect(self) -> None:
         if self._q.changed is None:
@@ -248,12 +256,13 @@ class MemoryBroker(Broker):
         self._q.pending.pop(delivery.id, None)
         return True
 
-    async def ack(self, delivery: Delivery, lease: Lease | None) -> bool:
+    async def ack(
+        self, delivery: Delivery, job: Job | None, lease: Lease | None, record_ttl: float = 0.0
+    ) -> bool:
         if not self._settle(delivery, lease):
             return False
-        job = delivery.job
-        if job is not None and job.key is not None and self.completion_ttl > 0:
-            self._q.records[f"done:{job.key}"] = (job.id, time.monotonic() + self.completion_ttl)
+        if job is not None and job.key is not None and record_ttl > 0:
+            self._q.records[f"done:{job.key}"] = (job.id, time.monotonic() + record_ttl)
         self._q.bump("processed")
         return True
 
@@ -266,11 +275,15 @@ class MemoryBroker(Broker):
         return True
 
     async def dead_letter(
-        self, delivery: Delivery, failure: Failure, attempts: int, lease: Lease | None
+        self,
+        delivery: Delivery,
+        job: Job | None,
+        failure: Failure,
+        attempts: int,
+        lease: Lease | None,
     ) -> bool:
         if not self._settle(delivery, lease):
             return False
-        job = delivery.job
         entry_id = self._q.next_id()
         self._q.dlq[entry_id] = DeadJob(
             id=entry_id,

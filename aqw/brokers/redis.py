@@ -91,6 +91,8 @@ class RedisBroker(Broker):
     """
 
     system = "redis"
+    #: redis-py's connection and timeout errors, besides the built-in ones.
+    transient_errors = (ConnectionError, TimeoutError, *Broker.transient_errors)
 
     def __init__(self, client: Redis | str, queue: str = "default", *, dlq_limit: int = 100_000):
         super().__init__(queue)
@@ -275,6 +277,9 @@ class RedisBroker(Broker):
     def job_lease_key(self, job: Job) -> str:
         return self.keys.lease(job.id)
 
+    def lock_key(self, name: str) -> str:
+        return self.keys.lock(name)
+
     async def keep_alive(self, delivery: Delivery) -> bool:
         ok = await self.batcher.script(
             self._keep_alive, [self.keys.stream], [GROUP, self.consumer, delivery.id]
@@ -288,11 +293,12 @@ class RedisBroker(Broker):
             return f"{self.keys.tag}:lease:-", ""
         return lease.key, lease.token
 
-    async def ack(self, delivery: Delivery, lease: Lease | None) -> bool:
+    async def ack(
+        self, delivery: Delivery, job: Job | None, lease: Lease | None, record_ttl: float = 0.0
+    ) -> bool:
         key, token = self._lease_args(delivery, lease)
-        job = delivery.job
-        if job is not None and job.key is not None and self.completion_ttl > 0:
-            record, ttl_ms = self.keys.done(job.key), max(1, int(self.completion_ttl * 1000))
+        if job is not None and job.key is not None and record_ttl > 0:
+            record, ttl_ms = self.keys.done(job.key), max(1, int(record_ttl * 1000))
         else:
             record, ttl_ms = self.keys.done(""), 0
         ok = await self.batcher.merged(
@@ -314,10 +320,14 @@ class RedisBroker(Broker):
         return bool(ok)
 
     async def dead_letter(
-        self, delivery: Delivery, failure: Failure, attempts: int, lease: Lease | None
+        self,
+        delivery: Delivery,
+        job: Job | None,
+        failure: Failure,
+        attempts: int,
+        lease: Lease | None,
     ) -> bool:
         key, token = self._lease_args(delivery, lease)
-        job = delivery.job
         fields: list[Any] = [
             "j", delivery.data,
             "task", job.task if job else "",

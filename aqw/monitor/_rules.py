@@ -5,16 +5,41 @@ thresholds of the ``Monitor`` it is given."""
 from __future__ import annotations
 
 import math
-from collections.abc import Container
+from collections.abc import Container, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .._damage import to_float, to_int
 from .._text import printable
+from ..task import Task
 from ._sinks import Alert
 
-if TYPE_CHECKING:
-    from ._monitor import Monitor
+
+class RulesApp(Protocol):
+    """What the rules read of the App: its tasks (their ``sla``)."""
+
+    @property
+    def tasks(self) -> Mapping[str, Task[Any]]: ...
+
+
+class Monitor(Protocol):
+    """The thresholds the rules judge by (``aqw.Monitor`` has them all)."""
+
+    @property
+    def app(self) -> RulesApp | None: ...
+
+    queue: str
+    baseline_halflife: float
+    depth_factor: float
+    depth_for: float
+    depth_min: int
+    max_job_alerts: int
+    min_processed: int
+    orphan_after: float
+    retry_rate: float
+    retry_window: float
+    stuck_factor: float
+    warmup: float
 
 
 @dataclass(slots=True)

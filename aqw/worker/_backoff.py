@@ -9,13 +9,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
 log = logging.getLogger("aqw.worker")
-
-#: Errors that mean "the broker is unreachable right now": retried with backoff.
-TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionError, TimeoutError, OSError)
 
 
 class Backoff:
@@ -33,7 +27,11 @@ class Backoff:
         self.n = 0
 
 
-async def with_retries(step: Callable[[], Awaitable[bool]], within: float) -> bool:
+async def with_retries(
+    step: Callable[[], Awaitable[bool]],
+    within: float,
+    transient: tuple[type[BaseException], ...],
+) -> bool:
     """Run a settle step, retrying a lost connection for up to ``within`` seconds.
 
     Once sent, a step completes even if the caller is cancelled (the command batcher owns
@@ -41,7 +39,7 @@ async def with_retries(step: Callable[[], Awaitable[bool]], within: float) -> bo
     was refused, or could not be sent in time (the job is then redelivered)."""
     try:
         return await step()
-    except TRANSIENT as exc:
+    except transient as exc:
         first_error: BaseException = exc
     deadline = time.monotonic() + within
     backoff = Backoff(0.05, 2.0)
@@ -52,7 +50,7 @@ async def with_retries(step: Callable[[], Awaitable[bool]], within: float) -> bo
             await asyncio.sleep(backoff.next())
             try:
                 return await step()
-            except TRANSIENT as exc:
+            except transient as exc:
                 error = exc
         log.error("could not settle after retrying (%r); it will be redelivered", error)
         return False

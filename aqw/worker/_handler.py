@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
 from .._cancel import Canceller, Guarded
+from ..context import Context
 from ..errors import JobTimeout, LeaseLost, Reject, Retry
-
-if TYPE_CHECKING:
-    from ..context import Context
-    from ..task import Task
-
+from ..task import Task
 
 TIMED_OUT = "the handler ran past its timeout"
 

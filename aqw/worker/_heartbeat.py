@@ -6,13 +6,45 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
-from ..telemetry import EVENT_STUCK
-from ._running import vars_of
+from ..lease import LeaseKeeper
+from ..task import Task
+from ..telemetry import EVENT_STUCK, Telemetry
+from ._failures import ErrorTracker, RunawayGuard
+from ._running import RunningJobs, WorkerStats, vars_of
+from ._stats import SlidingStats
 
-if TYPE_CHECKING:
-    from ._worker import Worker
+
+class HeartbeatApp(Protocol):
+    @property
+    def queue(self) -> str: ...
+    @property
+    def tasks(self) -> Mapping[str, Task[Any]]: ...
+
+
+class Worker(Protocol):
+    """What the heartbeat and the watchdog read of a worker."""
+
+    @property
+    def app(self) -> HeartbeatApp: ...
+    @property
+    def in_flight(self) -> int: ...
+
+    name: str
+    state: str
+    started_at: float
+    concurrency: int
+    running: RunningJobs
+    stuck_reported: set[str]
+    stats: WorkerStats
+    keeper: LeaseKeeper
+    window: SlidingStats
+    errors: ErrorTracker
+    runaway: RunawayGuard
+    tel: Telemetry
+
 
 log = logging.getLogger("aqw.worker")
 
@@ -21,7 +53,7 @@ def stuck_jobs(worker: Worker) -> list[dict[str, Any]]:
     """Jobs of ``worker`` running longer than twice their task's ``sla``."""
     now = time.time()
     out = []
-    for run in worker._running.values():
+    for run in worker.running:
         task = worker.app.tasks.get(run.job.task)
         sla = task.options.sla if task is not None else None
         if sla is not None and now - run.started > 2 * sla:
@@ -34,19 +66,19 @@ def stuck_jobs(worker: Worker) -> list[dict[str, Any]]:
 def report_stuck(worker: Worker) -> None:
     """Log, count and trace each newly stuck job once."""
     for stuck in stuck_jobs(worker):
-        if stuck["job_id"] in worker._stuck_reported:
+        if stuck["job_id"] in worker.stuck_reported:
             continue
-        worker._stuck_reported.add(stuck["job_id"])
+        worker.stuck_reported.add(stuck["job_id"])
         worker.stats.stuck += 1
         worker.tel.count("aqw.jobs.stuck", stuck["task"])
-        run = worker._running.get(stuck["job_id"])
+        run = worker.running.get(stuck["job_id"])
         if run is not None:
             run.trace.event(EVENT_STUCK, {"aqw.sla": stuck["sla"]})
         log.warning(
             "job %s (%s) is stuck: running %.1fs, more than 2x its SLA of %.1fs",
             stuck["job_id"], stuck["task"], stuck["running_for"], stuck["sla"],
         )  # fmt: skip
-    worker._stuck_reported &= set(worker._running)
+    worker.stuck_reported &= worker.running.ids()
 
 
 def summary(worker: Worker) -> dict[str, Any]:
@@ -60,7 +92,7 @@ def summary(worker: Worker) -> dict[str, Any]:
         "at": time.time(),
         "started_at": worker.started_at,
         "concurrency": worker.concurrency,
-        "in_flight": worker._in_flight,
+        "in_flight": worker.in_flight,
         "leases": len(worker.keeper),
         "totals": worker.stats.as_dict(),
         "last_1m": worker.window.totals(60),
@@ -74,7 +106,7 @@ def summary(worker: Worker) -> dict[str, Any]:
                 "started_at": r.started,
                 "progress": r.progress,
             }
-            for r in list(worker._running.values())[:100]
+            for r in list(worker.running)[:100]
         ],
         "stuck": stuck_jobs(worker),
         "errors": [vars_of(e) for e in worker.errors.top(10)],

@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ..brokers.base import Broker
 from ..job import Job
 from ..lease import Lease
 from ..telemetry import JobTrace
@@ -68,3 +70,71 @@ STATE_AFTER = 0.5
 def vars_of(obj: Any) -> dict[str, Any]:
     """A slotted dataclass as a dict."""
     return {name: getattr(obj, name) for name in obj.__slots__}
+
+
+class RunningJobs:
+    """The jobs running in one worker, by job id, and the publishing of their state.
+
+    A job's state is published (``broker.set_job_state``) once it has run ``STATE_AFTER``
+    seconds or reports progress, refreshed with each lease renewal, and cleared when it ends;
+    it expires with the lease, so a dead worker's jobs do not show as running for ever."""
+
+    def __init__(
+        self, broker: Broker, worker: str, spawn: Callable[[Awaitable[Any]], None]
+    ) -> None:
+        self._broker = broker
+        self._worker = worker
+        self._spawn = spawn
+        self._runs: dict[str, RunningJob] = {}
+
+    def __len__(self) -> int:
+        return len(self._runs)
+
+    def __iter__(self) -> Iterator[RunningJob]:
+        return iter(list(self._runs.values()))
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._runs
+
+    def get(self, job_id: str) -> RunningJob | None:
+        return self._runs.get(job_id)
+
+    def ids(self) -> set[str]:
+        return set(self._runs)
+
+    def add(self, run: RunningJob) -> None:
+        self._runs[run.job.id] = run
+
+    def finish(self, run: RunningJob) -> None:
+        """The job ended here: forget it and clear its published state."""
+        if self._runs.get(run.job.id) is run:
+            del self._runs[run.job.id]
+        if run.published:
+            self._spawn(self._broker.clear_job_state(run.job.id))
+
+    def publish_due(self) -> None:
+        """Publish the state of jobs that have now run ``STATE_AFTER`` seconds (checked by
+        the heartbeat loop, so short jobs cost no timer and no round trip)."""
+        horizon = time.time() - STATE_AFTER
+        for run in list(self._runs.values()):
+            if not run.published and run.started <= horizon:
+                run.published = True
+                self._spawn(self.publish(run))
+
+    def refresh(self, job_id: str) -> None:
+        """Publish a published job's state again (its lease was renewed)."""
+        run = self._runs.get(job_id)
+        if run is not None and run.published:
+            self._spawn(self.publish(run))
+
+    async def publish(self, run: RunningJob) -> None:
+        run.published = True
+        await self._broker.set_job_state(run.job.id, run.state(self._worker), run.lease.ttl)
+
+    async def report_progress(self, job_id: str, fraction: float, message: str) -> None:
+        """Record a running job's progress and publish its state at once."""
+        run = self._runs.get(job_id)
+        if run is None:
+            return
+        run.progress, run.message = fraction, message
+        await self.publish(run)

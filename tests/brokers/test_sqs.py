@@ -168,7 +168,7 @@ async def test_publish_attributes_fetch_limits_and_batched_deletes(
     assert d.attributes["traceparent"] == tp
     assert d.delivery_count == 1 and d.receipt
 
-    results = await asyncio.gather(*(broker.ack(d, None) for d in deliveries))
+    results = await asyncio.gather(*(broker.ack(d, None, None) for d in deliveries))
     assert all(results)
     deleter = broker._batchers[("delete", url)]
     assert deleter.calls <= 6  # 35 acks in DeleteMessageBatch calls of up to 10

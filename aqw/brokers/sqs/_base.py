@@ -11,6 +11,7 @@ from typing import Any
 
 from ...lease import LeaseBackend
 from ..base import Broker
+from ..memory import MemoryLeaseBackend
 from ._batching import _Batcher
 from ._errors import _request
 
@@ -28,8 +29,6 @@ class _Held:
 
 
 def _local_locks() -> LeaseBackend:
-    from ..memory import MemoryLeaseBackend
-
     return MemoryLeaseBackend()
 
 

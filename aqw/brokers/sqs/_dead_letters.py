@@ -34,9 +34,10 @@ class _DeadLetters(_SQSBase):
     dlq_url: str | None  # None: no dead-letter queue (dlq=none), or not resolved yet
     _dlq_fifo: bool
 
-    async def _send_dead(self, delivery: Delivery, failure: Failure, attempts: int) -> None:
+    async def _send_dead(
+        self, delivery: Delivery, job: Job | None, failure: Failure, attempts: int
+    ) -> None:
         assert self.dlq_url is not None
-        job = delivery.job
         doc = {
             "error_type": failure.error_type,
             "error": failure.error[:2000],

@@ -7,6 +7,7 @@ from typing import TypedDict
 from urllib.parse import parse_qs, urlsplit
 
 from ...errors import ConfigError
+from ..redis import split_queue
 
 _OPTIONS = {"region", "endpoint_url", "dlq", "wait", "visibility", "task", "create", "locks",
             "pool", "pollers"}  # fmt: skip
@@ -78,8 +79,6 @@ def _parse_url(url: str, queue: str) -> tuple[str, _Settings]:
 def _redis_url(url: str | None) -> str | None:
     if not url:
         return None
-    from ..redis import split_queue
-
     return split_queue(url, "")[0]
 
 

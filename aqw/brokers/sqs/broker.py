@@ -16,10 +16,12 @@ from typing import Any
 import aioboto3
 from aiobotocore.config import AioConfig
 
+from ..._redis.lease import RedisLeaseBackend
 from ...errors import ConfigError
 from ...job import Job
 from ...lease import Lease, LeaseBackend
 from ..base import Delivery, Failure, QueueDepth
+from ..redis import make_client
 from ._base import _Held, _local_locks
 from ._dead_letters import _DeadLetters
 from ._delivery import _Consumer
@@ -129,9 +131,6 @@ class SQSBroker(_Producer, _Consumer, _Leasing, _DeadLetters):
                 await stack.aclose()
                 raise
             if self._lock_url is not None and self._lock_store is None:
-                from ..._redis.lease import RedisLeaseBackend
-                from ..redis import make_client
-
                 lock_client = make_client(self._lock_url)
                 stack.push_async_callback(lock_client.aclose)
                 self._lock_store = self._locks = RedisLeaseBackend(lock_client)
@@ -245,7 +244,9 @@ class SQSBroker(_Producer, _Consumer, _Leasing, _DeadLetters):
             with contextlib.suppress(Exception):
                 await self._lock_store.release(lease.key, lease.token)
 
-    async def ack(self, delivery: Delivery, lease: Lease | None) -> bool:
+    async def ack(
+        self, delivery: Delivery, job: Job | None, lease: Lease | None, record_ttl: float = 0.0
+    ) -> bool:
         held = self._take(delivery, lease)
         if held is None:
             return False
@@ -271,7 +272,12 @@ class SQSBroker(_Producer, _Consumer, _Leasing, _DeadLetters):
         return ok
 
     async def dead_letter(
-        self, delivery: Delivery, failure: Failure, attempts: int, lease: Lease | None
+        self,
+        delivery: Delivery,
+        job: Job | None,
+        failure: Failure,
+        attempts: int,
+        lease: Lease | None,
     ) -> bool:
         held = self._take(delivery, lease)
         if held is None:
@@ -280,7 +286,7 @@ class SQSBroker(_Producer, _Consumer, _Leasing, _DeadLetters):
             log.error("dropping message %s: no dead-letter queue (dlq=none): %s: %s",
                       delivery.id, failure.error_type, failure.error)  # fmt: skip
         else:
-            await self._send_dead(delivery, failure, attempts)
+            await self._send_dead(delivery, job, failure, attempts)
         ok = await self._delete(held.receipt)
         await self._unlock(lease)
         self._bump("dead")

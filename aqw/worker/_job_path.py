@@ -1,0 +1,275 @@
+"""One delivery, from bytes to a settle, as a short sequence of named steps:
+
+``decode`` -> find the task -> check its size and delivery count -> validate the payload ->
+``take_lease`` -> run the handler under the lease and the task's timeout (``_handler.py``)
+-> ``Settler.settle`` (``_settle.py``). A message that cannot become a job is dead-lettered
+with the reason, and nothing escapes: an unexpected error ends in a retry or the DLQ.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
+from typing import Any
+
+from opentelemetry.trace import Status, StatusCode
+
+from ..brokers.base import Broker, Delivery
+from ..cache import Cache
+from ..context import Context, ContextHost
+from ..errors import (
+    LeaseLost,
+    LeaseUnavailable,
+    MalformedJob,
+    PayloadTooLarge,
+    TooManyDeliveries,
+    UnknownTask,
+)
+from ..job import Job
+from ..lease import Lease, LeaseKeeper
+from ..task import Task
+from ..telemetry import JobTrace, Telemetry, now_ns
+from ._backoff import Backoff
+from ._handler import Outcome, describe, run_handler
+from ._running import RunningJob, RunningJobs, WorkerStats
+from ._settle import Settler
+from ._stats import SlidingStats
+
+log = logging.getLogger("aqw.worker")
+
+#: Bytes a received message may exceed its payload cap by: a retry adds a header and may
+#: lengthen the attempt number, so a job accepted just under the cap must still run.
+RECEIPT_SLACK = 1024
+
+
+class JobPath:
+    """Runs deliveries of one worker. Built by the worker, which owns every part it uses."""
+
+    def __init__(
+        self,
+        *,
+        broker: Broker,
+        tasks: Mapping[str, Task[Any]],
+        payload_limit: Callable[[str | None], int | None],
+        cache: Cache | None,
+        host: ContextHost,
+        tel: Telemetry,
+        keeper: LeaseKeeper,
+        settler: Settler,
+        running: RunningJobs,
+        settling: set[asyncio.Task[Any]],
+        stats: WorkerStats,
+        window: SlidingStats,
+        stopping: asyncio.Event,
+        min_ttl: float,
+        spawn: Callable[[Awaitable[Any]], None],
+    ) -> None:
+        self.broker = broker
+        self.tasks = tasks
+        self.payload_limit = payload_limit
+        self.cache = cache
+        self.host = host
+        self.tel = tel
+        self.keeper = keeper
+        self.settler = settler
+        self.running = running
+        self.settling = settling
+        self.stats = stats
+        self.window = window
+        self.stopping = stopping
+        self.min_ttl = min_ttl
+        self.spawn = spawn
+        caps = [payload_limit(None), *(payload_limit(name) for name in tasks)]
+        #: The largest message any task accepts: bigger ones are refused before parsing.
+        self.receipt_cap = None if None in caps else max(c for c in caps if c is not None)
+
+    async def process(self, delivery: Delivery, waited: float = 0.0) -> None:
+        """Run one delivery to its settle. ``waited``: seconds it sat in the fetch buffer."""
+        job: Job | None = None
+        try:
+            job = self.decode(delivery)
+            if job is not None:
+                await self._run(delivery, job, waited)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            task = self.tasks.get(job.task) if job is not None else None
+            await self.settler.crashed(delivery, job, task, exc, None)
+
+    def decode(self, delivery: Delivery) -> Job | None:
+        """The delivery's job, or None when it cannot be one (dead-lettered with the reason,
+        in the background: the job slot is free at once)."""
+        try:
+            cap = self.receipt_cap
+            if cap is not None and len(delivery.data) > cap + RECEIPT_SLACK:
+                raise PayloadTooLarge("(any)", len(delivery.data), cap, where=" (as received)")
+            return Job.decode(delivery.data)
+        except (MalformedJob, PayloadTooLarge) as exc:
+            self.stats.malformed += 1
+            log.error("message %s is malformed: %s", delivery.id, exc)
+            self.spawn(self.settler.dead_letter(delivery, None, exc))
+            return None
+
+    async def _run(self, delivery: Delivery, job: Job, waited: float) -> None:
+        task = self.tasks.get(job.task)
+        refusal = self._refusal(delivery, job, task)
+        if refusal is not None:
+            await self.settler.dead_letter(delivery, job, refusal)
+            return
+        assert task is not None
+        try:
+            payload = task.codec.load(job.payload)
+        except Exception as exc:  # a validator may raise anything: the payload is unusable
+            await self.settler.dead_letter(delivery, job, exc, payload_error=True)
+            return
+        lease = Lease(
+            self.broker.lease_backend(),
+            self.broker.job_lease_key(job),
+            ttl=task.options.lease_ttl,
+            keep_alive=partial(self._keep_alive, delivery, job.id),
+            keeper=self.keeper,
+        )
+        tel = self.tel
+        jt = tel.job(job, delivery.received)
+        if tel.metering:
+            tel.observe("aqw.job.wait", max(0.0, time.time() - job.enqueued_at), job.task)
+            lease.on_renewed(lambda _: tel.count("aqw.lease.renewals", job.task))
+            lease.on_lost(lambda _: tel.count("aqw.lease.lost", job.task))
+        run = RunningJob(job, lease, jt)
+        error: BaseException | None = None
+        try:
+            try:
+                outcome = await self._run_leased(delivery, job, task, payload, lease, run, waited)
+            except asyncio.CancelledError:  # a shutdown: hand it back for immediate redelivery
+                jt.settled("requeue")
+                await self.settler.give_back(delivery)
+                raise
+            if outcome is None:
+                return
+            error = outcome.error
+            current = asyncio.current_task()
+            if current is not None:
+                self.settling.add(current)  # finished: a shutdown must not cancel its settle
+            await self.settler.settle(task, delivery, job, lease, outcome, jt)
+        except LeaseLost as exc:
+            self.stats.lease_lost += 1
+            error = exc
+            log.warning("job %s (%s): %s; not acknowledged", job.id, job.task, exc)
+        except Exception as exc:
+            error = exc
+            await self.settler.crashed(delivery, job, task, exc, lease if lease.token else None)
+        finally:
+            self.running.finish(run)
+            jt.end(error)
+
+    def _refusal(self, delivery: Delivery, job: Job, task: Task[Any] | None) -> Exception | None:
+        """Why this job must go straight to the DLQ, or None."""
+        if task is None:
+            known = ", ".join(sorted(self.tasks))
+            return UnknownTask(f"unknown task {job.task!r} (known: {known})")
+        limit = self.payload_limit(job.task)
+        if limit is not None and len(delivery.data) > limit + RECEIPT_SLACK:
+            return PayloadTooLarge(job.task, len(delivery.data), limit, where=" (as received)")
+        if delivery.delivery_count > task.options.max_deliveries:
+            return TooManyDeliveries(
+                f"delivered {delivery.delivery_count} times without being settled "
+                "(the worker may crash or be killed while running it)"
+            )
+        return None
+
+    async def _run_leased(
+        self,
+        delivery: Delivery,
+        job: Job,
+        task: Task[Any],
+        payload: Any,
+        lease: Lease,
+        run: RunningJob,
+        waited: float,
+    ) -> Outcome | None:
+        """The handler's outcome under the job's lease; None when another holder has it."""
+        jt = run.trace
+        lease_started = now_ns() if self.tel.tracing else 0
+        if not await self.take_lease(lease, delivery, waited):
+            self.stats.lease_busy += 1
+            jt.lease_refused(lease_started)
+            return None
+        async with lease:
+            jt.lease_acquired(lease, lease_started)
+            self.running.add(run)
+            if job.key is not None and await self.broker.is_completed(job):
+                outcome = Outcome("skip")
+            else:
+                outcome = await self._handle(job, task, payload, lease, jt)
+            lease.hand_over()
+        return outcome
+
+    async def _handle(
+        self, job: Job, task: Task[Any], payload: Any, lease: Lease, jt: JobTrace
+    ) -> Outcome:
+        began = time.perf_counter()
+        with jt.handler() as span:
+            outcome = await run_handler(task, payload, Context(job, lease, self.host))
+            if outcome.kind == "ok" and task.options.invalidates is not None:
+                outcome = await self._invalidate(task, payload)
+            if outcome.error is not None and span is not None:
+                self.tel.record_error(span, outcome.error)
+                span.set_status(Status(StatusCode.ERROR, describe(outcome.error)))
+        elapsed = time.perf_counter() - began
+        self.window.duration(elapsed)
+        self.tel.observe("aqw.job.duration", elapsed, job.task)
+        return outcome
+
+    async def take_lease(self, lease: Lease, delivery: Delivery, waited: float) -> bool:
+        """Acquire the job's lease; False when another holder has the job. A lost connection
+        is retried with backoff (no attempt is spent) until the lease's TTL, then the
+        delivery is handed back for immediate redelivery."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + lease.ttl
+        backoff = Backoff(0.05, 1.0)
+        while True:
+            try:
+                await lease.acquire()
+                break
+            except LeaseUnavailable:
+                return False
+            except self.broker.transient_errors as exc:
+                # The SET may have reached the server before the connection broke: drop the
+                # key if it is ours, or the next try would find it held by ourselves.
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(0.5):
+                        await lease.backend.release(lease.key, lease.token)
+                if loop.time() >= give_up or self.stopping.is_set():
+                    log.warning("job lease %r: %r; handing the job back", lease.key, exc)
+                    await self.settler.give_back(delivery)
+                    return False
+                await asyncio.sleep(backoff.next())
+        if waited > self.min_ttl / 2 and not await self.broker.keep_alive(delivery):
+            # It waited in the buffer long enough for another worker to take it over, and
+            # perhaps finish it: running it again would run it twice.
+            await lease.release()
+            return False
+        return True
+
+    async def _keep_alive(self, delivery: Delivery, job_id: str) -> bool:
+        alive = await self.broker.keep_alive(delivery)
+        if alive:
+            self.running.refresh(job_id)
+        return alive
+
+    async def _invalidate(self, task: Task[Any], payload: Any) -> Outcome:
+        """Invalidate the task's cache keys after its write and before its ack, so no stale
+        entry is visible once the job is acknowledged; a failure reruns the job."""
+        assert self.cache is not None
+        try:
+            keys = task.options.keys_to_invalidate(payload)
+            if keys:
+                await self.cache.invalidate(*keys)
+        except Exception as exc:
+            log.warning("task %s: invalidating its cache keys failed (%r)", task.name, exc)
+            return Outcome("retry", exc)
+        return Outcome("ok")
