@@ -9,8 +9,11 @@ catch ``CancelledError`` by mistake. Both tools here assume the block may ignore
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Coroutine, Generator
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
+
+from .errors import HandlerStopped
 
 T = TypeVar("T")
 
@@ -86,20 +89,35 @@ class Canceller:
         return remaining
 
 
+#: Seconds a stopped handler may take to unwind (its ``finally`` blocks and ``async with``
+#: exits may await) once it has swallowed a stop, before it is closed.
+UNWIND = 1.0
+
+
 class Guarded(Generic[T]):
-    """Await ``coro``, but each time it is resumed first ask ``expired()``; when that answers
-    a reason, throw ``CancelledError(reason)`` into the coroutine instead of resuming it, and
-    again at every later resume until it has finished.
+    """Await ``coro``, but each time it is resumed first ask ``expired()``. When that answers
+    a reason, stop the coroutine instead of resuming it, in steps that cannot be swallowed:
+
+    1. throw ``CancelledError(reason)``: what asyncio code (and the libraries it calls)
+       expects, and cleans up for;
+    2. if it is resumed again, it swallowed that (a bare ``except CancelledError``, or, on
+       Python 3.11, ``asyncio.wait_for`` returning a result that was ready as the cancel
+       landed): throw ``aqw.HandlerStopped(reason)``, which ``wait_for`` cannot swallow;
+    3. let it unwind for up to ``UNWIND`` seconds, then close it and raise
+       ``HandlerStopped``.
 
     This is what stops a handler that was paused past its deadline before it runs another
     statement: the timer of a ``Canceller`` fires at the next loop iteration, but the event
-    that resumes the handler can come first in that same iteration."""
+    that resumes the handler can come first in that same iteration. A stop swallowed in
+    step 1 lets the statements up to the handler's next ``await`` run."""
 
-    __slots__ = ("_coro", "_expired", "stopped")
+    __slots__ = ("_coro", "_expired", "_since", "_step", "stopped")
 
     def __init__(self, coro: Coroutine[Any, Any, T], expired: Callable[[], str | None]) -> None:
         self._coro = coro
         self._expired = expired
+        self._since = 0.0
+        self._step = 0
         self.stopped: str | None = None
 
     def __await__(self) -> Generator[Any, Any, T]:
@@ -107,10 +125,7 @@ class Guarded(Generic[T]):
         value: Any = None
         error: BaseException | None = None
         while True:
-            reason = self._expired()
-            if reason is not None:
-                self.stopped = reason
-                error = asyncio.CancelledError(reason)
+            error = self._stop(error)
             try:
                 if error is not None:
                     pending, error = error, None
@@ -127,3 +142,24 @@ class Guarded(Generic[T]):
                 raise
             except BaseException as exc:  # delivered by the task: pass it on
                 value, error = None, exc
+
+    def _stop(self, error: BaseException | None) -> BaseException | None:
+        """What to throw into the coroutine at this resume (``error``: the task's own)."""
+        if self._step == 0:
+            reason = self._expired()
+            if reason is None:
+                return error
+            self.stopped, self._step = reason, 1
+            return asyncio.CancelledError(reason)
+        assert self.stopped is not None
+        if self._step == 1:
+            self._step, self._since = 2, asyncio.get_running_loop().time()
+            return HandlerStopped(self.stopped)
+        if asyncio.get_running_loop().time() - self._since > UNWIND:
+            self._close(self.stopped)
+        return error
+
+    def _close(self, reason: str) -> NoReturn:
+        with contextlib.suppress(RuntimeError):  # it awaited while closing: nothing more to do
+            self._coro.close()
+        raise HandlerStopped(reason)

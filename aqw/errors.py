@@ -115,3 +115,14 @@ class UnknownTask(AqwError):
 
 class BrokerUnavailable(AqwError):
     """The broker could not be reached."""
+
+
+class HandlerStopped(BaseException):
+    """Thrown into a handler that must stop: its job's lease lapsed or its task's timeout
+    passed. The worker turns it into ``LeaseLost`` or ``JobTimeout``; the job is not
+    acknowledged.
+
+    It is not a ``CancelledError`` on purpose: on Python 3.11, ``asyncio.wait_for`` (which
+    redis-py uses for every send) turns a cancellation that lands as its result is ready into
+    that result, and the handler would run on. Like a cancellation, it is a ``BaseException``
+    (``except Exception`` does not catch it); clean up in ``finally`` or ``async with``."""

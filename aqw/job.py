@@ -27,8 +27,10 @@ class Job(BaseModel):
     id: str = Field(default_factory=new_job_id, min_length=1, max_length=200)
     task: str = Field(min_length=1, max_length=200)
     payload: Any = None
-    attempt: int = Field(default=1, ge=1)
-    enqueued_at: float = Field(default_factory=now)
+    #: Runs so far plus one; bounded so that any attempt number survives a round trip.
+    attempt: int = Field(default=1, ge=1, le=1_000_000_000)
+    #: Finite: infinity would not survive the JSON round trip of a retry.
+    enqueued_at: float = Field(default_factory=now, allow_inf_nan=False)
     headers: dict[str, str] = Field(default_factory=dict)
     key: str | None = Field(default=None, max_length=1000)
 

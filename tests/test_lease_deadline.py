@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 import aqw
-from aqw._cancel import Canceller, Guarded
+from aqw._cancel import UNWIND, Canceller, Guarded
 from aqw.brokers.memory import MemoryLeaseBackend
+from aqw.errors import HandlerStopped
 from tests._helpers import eventually
 
 
@@ -116,32 +117,81 @@ async def test_the_canceller_takes_back_its_cancellations() -> None:
     assert await body() >= 3
 
 
-async def test_guarded_does_not_resume_a_coroutine_past_its_deadline() -> None:
+async def test_guarded_escalates_a_swallowed_cancellation_to_a_stop() -> None:
     steps: list[int] = []
+    cleaned: list[str] = []
+    swallowed: list[int] = []
     deadline = asyncio.get_running_loop().time() + 0.1
 
-    swallowed = 0
-
     async def handler() -> None:
-        nonlocal swallowed
-        for i in range(100):
-            steps.append(i)
-            try:
-                await asyncio.sleep(0.02)
-            except asyncio.CancelledError:
-                swallowed += 1  # Guarded throws again at the next resume
-                if swallowed == 3:
-                    raise
+        try:
+            for i in range(100):
+                steps.append(i)
+                try:
+                    await asyncio.sleep(0.02)
+                except asyncio.CancelledError:
+                    swallowed.append(i)  # a swallowed cancellation is no escape
+                    continue
+        finally:
+            await asyncio.sleep(0)  # cleanup may await while it unwinds
+            cleaned.append("done")
 
     def expired() -> str | None:
         return "late" if asyncio.get_running_loop().time() >= deadline else None
 
     guarded = Guarded(handler(), expired)
-    with pytest.raises(asyncio.CancelledError):
+    with pytest.raises(HandlerStopped, match="late"):
         await guarded
     assert guarded.stopped == "late"
-    assert swallowed == 3
-    assert len(steps) <= 5 + 3  # about 0.1 s / 0.02 s before the deadline, one per swallow
+    assert cleaned == ["done"]
+    assert len(swallowed) == 1  # then aqw.HandlerStopped, which it does not catch
+    assert len(steps) <= 7  # about 0.1 s / 0.02 s before the deadline, one after the swallow
+
+
+async def test_guarded_closes_a_handler_that_catches_the_stop() -> None:
+    after: list[int] = []
+    deadline = asyncio.get_running_loop().time() + 0.05
+
+    async def handler() -> None:
+        time.sleep(0.1)  # noqa: ASYNC251 - the loop is blocked past the deadline
+        for i in range(1000):
+            # the pathological handler under test: it swallows every stop it can catch
+            with contextlib.suppress(asyncio.CancelledError, HandlerStopped):
+                await asyncio.sleep(0.01)
+            after.append(i)
+
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(HandlerStopped):
+        await Guarded(
+            handler(),
+            expired=lambda: "late" if asyncio.get_running_loop().time() >= deadline else None,
+        )
+    assert asyncio.get_running_loop().time() - started < UNWIND + 0.5
+    assert len(after) < 1000
+
+
+async def test_guarded_stops_a_handler_whose_cancel_wait_for_would_swallow() -> None:
+    """Python 3.11: a cancellation thrown into ``asyncio.wait_for`` whose result is ready
+    returns the result; the handler runs on to its next await, and is stopped there by
+    ``aqw.HandlerStopped``, which is not a cancellation."""
+    after: list[int] = []
+    deadline = asyncio.get_running_loop().time() + 0.05
+
+    async def fast() -> int:
+        return 1
+
+    async def handler() -> None:
+        time.sleep(0.1)  # noqa: ASYNC251 - the loop is blocked past the deadline
+        for i in range(50):
+            await asyncio.wait_for(fast(), 5)
+            after.append(i)
+
+    def expired() -> str | None:
+        return "late" if asyncio.get_running_loop().time() >= deadline else None
+
+    with pytest.raises(HandlerStopped):
+        await Guarded(handler(), expired)
+    assert len(after) <= 1, after
 
 
 def _app_with(handler: Any, **options: Any) -> aqw.App:

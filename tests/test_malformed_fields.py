@@ -10,7 +10,6 @@ stays pending: the stream and the pending list are empty, nothing is delayed.
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from typing import Any
 
@@ -18,9 +17,8 @@ import pytest
 from conftest import Backend
 
 import aqw
-from aqw.brokers.memory import MemoryBroker
 from aqw.brokers.redis import RedisBroker
-from tests._helpers import depth, eventually
+from tests._helpers import depth, eventually, publish_raw
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -83,8 +81,9 @@ CASES: dict[str, dict[str, bytes]] = {
     # payload
     "payload a string": {"j": encoded(payload="seven")},
     "payload an object": {"j": encoded(payload={"n": 7})},
-    "payload missing": {"j": json.dumps({k: v for k, v in envelope().items()
-                                         if k != "payload"}).encode()},  # fmt: skip
+    "payload missing": {
+        "j": json.dumps({k: v for k, v in envelope().items() if k != "payload"}).encode()
+    },
     # enqueued_at
     "enqueued_at x": {"j": encoded(enqueued_at="x")},
     "enqueued_at Infinity": {"j": raw_number("enqueued_at", "Infinity")},
@@ -121,21 +120,24 @@ def test_every_case_is_distinct_and_the_undamaged_envelope_is_valid() -> None:
     assert len(set(bodies)) == len(bodies)
 
 
-async def publish_raw(backend: Backend, app: aqw.App, fields: dict[str, bytes]) -> None:
-    if backend.raw is not None:
-        broker = app.broker
-        assert isinstance(broker, RedisBroker)
-        await backend.raw.xadd(broker.keys.stream, fields)  # type: ignore[arg-type]
-    else:
-        broker = app.broker
-        assert isinstance(broker, MemoryBroker)
-        await broker.publish_raw(fields["j"])
+def accepted_attempt(fields: dict[str, bytes]) -> int | None:
+    """The attempt of a case's message when the worker accepts it as a runnable job of
+    ``work`` (it decodes and its payload validates), else None."""
+    try:
+        job = aqw.Job.decode(fields["j"])
+    except (KeyError, aqw.MalformedJob):
+        return None
+    if job.task != "work" or not isinstance(job.payload, int) or isinstance(job.payload, bool):
+        return None
+    return job.attempt
 
 
-@pytest.mark.parametrize("case", list(CASES))
-async def test_a_malformed_message_ends_in_the_dlq_within_its_retry_bound(
-    backend: Backend, case: str
-) -> None:
+ACCEPTED = {name: a for name, fields in CASES.items() if (a := accepted_attempt(fields))}
+
+
+async def run_case(backend: Backend, case: str) -> tuple[aqw.Worker, Counter[str], Any]:
+    """Publish the case's message, run a worker until it is settled and nothing is left
+    pending; (the worker, handler runs by job id, the one DLQ entry)."""
     if case in STREAM_ONLY and not backend.is_redis:
         pytest.skip("the memory broker carries only the message bytes")
     app = backend.app(retry=FAST, lease_ttl=2.0)
@@ -149,14 +151,12 @@ async def test_a_malformed_message_ends_in_the_dlq_within_its_retry_bound(
     await app.broker.connect()
     await publish_raw(backend, app, CASES[case])
     async with app.worker(concurrency=4) as worker:
-        await eventually(lambda: worker.stats.dead + worker.stats.processed >= 1, 10,
-                         f"{case}: the message to settle")  # fmt: skip
-        started = time.monotonic()
-        try:
-            await eventually(lambda: _drained(backend, app), 5, f"{case}: nothing left pending")
-        finally:
-            waited = time.monotonic() - started
-    assert waited < 5, case
+        await eventually(
+            lambda: worker.stats.dead + worker.stats.processed >= 1,
+            10,
+            f"{case}: the message to settle",
+        )
+        await eventually(lambda: _drained(backend, app), 5, f"{case}: nothing left pending")
     s = worker.stats
     assert (s.processed, s.dead) == (0, 1), f"{case}: {s}"
     assert sum(runs.values()) <= MAX_RUNS, f"{case}: the handler ran {dict(runs)} times"
@@ -167,10 +167,37 @@ async def test_a_malformed_message_ends_in_the_dlq_within_its_retry_bound(
     entry = dead[0]
     assert entry.error.strip(), f"{case}: an empty reason"
     assert entry.error_type.strip(), f"{case}: an empty error type"
-    assert 0 < entry.attempts, f"{case}: attempts {entry.attempts}"
-    if runs:  # the handler ran: it is the handler's failure that is recorded, after retries
-        assert entry.error_type == "RuntimeError", f"{case}: {entry.error_type} {entry.error}"
     assert await depth(app) == (0, 0, 0, 1), case
+    return worker, runs, entry
+
+
+@pytest.mark.parametrize("case", list(CASES))
+async def test_a_malformed_message_ends_in_the_dlq_within_its_retry_bound(
+    backend: Backend, case: str
+) -> None:
+    await run_case(backend, case)
+
+
+@pytest.mark.parametrize("case", list(ACCEPTED))
+async def test_an_accepted_message_keeps_its_own_failure_through_its_retries(
+    backend: Backend, case: str
+) -> None:
+    """A message the worker accepted and ran is retried as the same job until its bound and
+    dead-lettered with the handler's own error, in a DLQ record its reader takes as is:
+    the worker's rewrites of the envelope (attempt + 1, the first-failure header) must not
+    turn a job it accepted into one it refuses."""
+    attempt = ACCEPTED[case]
+    _, runs, entry = await run_case(backend, case)
+    expected_runs = max(1, FAST.max_retries + 2 - attempt)
+    assert sum(runs.values()) == expected_runs, f"{case}: ran {dict(runs)}"
+    assert entry.error_type == "RuntimeError", (
+        f"{case}: the handler failed, but the DLQ says {entry.error_type}: {entry.error}"
+    )
+    damaged = getattr(entry, "damaged", ())
+    assert not damaged, f"{case}: the worker wrote a DLQ record its reader calls damaged"
+    assert entry.attempts == max(attempt, FAST.max_retries + 1), f"{case}: {entry}"
+    job = entry.job
+    assert job is not None, f"{case}: the DLQ record's message no longer decodes"
 
 
 async def _drained(backend: Backend, app: aqw.App) -> bool:

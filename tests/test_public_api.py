@@ -16,6 +16,7 @@ EXPECTED = [
     "DeadJob",
     "DeadLetters",
     "Enqueued",
+    "HandlerStopped",
     "Job",
     "JobTimeout",
     "Lease",

@@ -45,10 +45,15 @@ class Workers:
         log = (self.logs / f"worker-{len(self.procs)}.log").open("wb")
         self._files.append(log)
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(self.root / "tests" / "recovery_worker.py"), self.queue,
-            str(concurrency), cwd=self.root, env=self.env,
-            stdout=asyncio.subprocess.PIPE, stderr=log,
-        )  # fmt: skip
+            sys.executable,
+            str(self.root / "tests" / "recovery_worker.py"),
+            self.queue,
+            str(concurrency),
+            cwd=self.root,
+            env=self.env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=log,
+        )
         self.procs.append(proc)
         return proc
 
@@ -102,9 +107,7 @@ async def test_a_killed_job_restarts_by_its_own_lease_ttl_and_a_live_long_job_is
         while True:
             for entry in await ledger():
                 named = dict(zip(fields, entry, strict=True))
-                if all(
-                    v(named[k]) if callable(v) else named[k] == v for k, v in match.items()
-                ):
+                if all(v(named[k]) if callable(v) else named[k] == v for k, v in match.items()):
                     return entry
             for proc in workers.procs:
                 if proc.returncode not in (None, -signal.SIGKILL):
@@ -132,7 +135,7 @@ async def test_a_killed_job_restarts_by_its_own_lease_ttl_and_a_live_long_job_is
         await workers.ready(z)
         restart = await wait_for_entry(
             15, "the short job to restart", task="short", event="start", pid=lambda p: p != x.pid
-        )  # fmt: skip
+        )
         restarted_after = restart[5] - killed_at
         await wait_for_entry(15, "the short job to end", task="short", event="end")
         # the long job's entry, now: still pending, idle well past the shortest TTL the
@@ -160,8 +163,10 @@ async def test_a_killed_job_restarts_by_its_own_lease_ttl_and_a_live_long_job_is
         assert longs[0][2] == longs[1][2], "the long job changed holders"
         shorts = [e for e in entries if e[0] == "short"]
         assert [(e[1], e[4]) for e in shorts] == [
-            ("start", x.pid), ("start", z.pid), ("end", z.pid)
-        ], shorts  # fmt: skip
+            ("start", x.pid),
+            ("start", z.pid),
+            ("end", z.pid),
+        ], shorts
         assert shorts[1][2] > shorts[0][2], "the restart did not take a new fencing token"
         assert shorts[1][3] == 1, "a crash spent an attempt"
 

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from .._cancel import Canceller, Guarded
 from ..context import Context
-from ..errors import JobTimeout, LeaseLost, Reject, Retry
+from ..errors import HandlerStopped, JobTimeout, LeaseLost, Reject, Retry
 from ..task import Task
 
 TIMED_OUT = "the handler ran past its timeout"
@@ -62,10 +62,14 @@ async def run_handler(task: Task[Any], payload: Any, ctx: Context) -> Outcome:
             others = timer.close() if timer is not None else others
         if lease is not None and guarded.stopped is not None:
             lapsed = lease.lapsed()
-            if lapsed is not None:  # it swallowed the stop and returned: still not done
+            if lapsed is not None:  # it caught the stop and returned: still not done
                 raise LeaseLost(lease.key, lapsed)
         if deadline is not None and loop.time() >= deadline:
             raise JobTimeout(f"handler ran longer than its timeout of {timeout}s")
+    except HandlerStopped as stop:
+        if lease is not None and lease.lapsed() is not None:
+            raise LeaseLost(lease.key, lease.lapsed() or str(stop)) from None
+        return classify(task, JobTimeout(f"handler ran longer than its timeout of {timeout}s"))
     except asyncio.CancelledError:
         if lease is not None and lease.lapsed() is not None:
             raise  # the lease's own guard turns this into LeaseLost

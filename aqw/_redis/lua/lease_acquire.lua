@@ -2,6 +2,8 @@
 -- KEYS[1] lease key, KEYS[2] fencing counter
 -- ARGV[1] token, ARGV[2] ttl in ms
 -- Returns the fencing token (a strictly increasing integer), or false when the key is held.
+-- A key already held by this very token (a retried acquire whose first reply was lost) is
+-- taken again, with a new token: fencing tokens only have to grow, not to be consecutive.
 --
 -- The counter is checked first: if it is not a non-negative integer, or the next token would
 -- pass 2^53 - 1 (9007199254740991, the last integer Lua's doubles hold exactly), nothing is
@@ -23,6 +25,10 @@ if damage then
   return redis.error_reply('AQWFENCE fencing counter ' .. shown)
 end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return redis.call('INCR', KEYS[2])
+end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return redis.call('INCR', KEYS[2])
 end
 return false

@@ -2,7 +2,8 @@
 -- SET key token NX PX ttl for each, and hand each lease taken the next fencing token.
 -- KEYS[1] fencing counter, KEYS[2..] lease keys
 -- ARGV per lease: token, ttl in ms
--- Returns one reply per lease: its fencing token, or 0 when the key is held.
+-- Returns one reply per lease: its fencing token, or 0 when the key is held (by another
+-- token: a key this token already holds, from a retried call, is taken again).
 --
 -- The counter is checked first (as in lease_acquire.lua): if it is not a non-negative
 -- integer, or handing out a token to every lease asked for would pass 2^53 - 1
@@ -26,6 +27,9 @@ local out = {}
 for i = 2, #KEYS do
   local a = (i - 2) * 2 + 1
   if redis.call('SET', KEYS[i], ARGV[a], 'NX', 'PX', ARGV[a + 1]) then
+    out[#out + 1] = redis.call('INCR', KEYS[1])
+  elseif redis.call('GET', KEYS[i]) == ARGV[a] then
+    redis.call('PEXPIRE', KEYS[i], ARGV[a + 1])
     out[#out + 1] = redis.call('INCR', KEYS[1])
   else
     out[#out + 1] = 0
