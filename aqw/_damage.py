@@ -11,10 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
 from typing import Any, TypeVar
-
-from .brokers.base import DeadJob
 
 T = TypeVar("T")
 
@@ -97,29 +94,15 @@ def shown(value: Any, limit: int = 40) -> str:
 # -- dead-letter entries ----------------------------------------------------------------------
 
 
-@dataclass(slots=True, frozen=True)
-class DamagedDeadJob(DeadJob):
-    """A DLQ entry with fields that could not be read: those got defaults, and ``damaged``
-    says which (``aqw dlq list`` and ``show`` print it)."""
-
-    damaged: tuple[str, ...] = ()
-
-    def as_dict(self) -> dict[str, Any]:
-        data = DeadJob.as_dict(self)
-        data["damaged"] = list(self.damaged)
-        return data
-
-
-def damage_of(dead: DeadJob) -> tuple[str, ...]:
-    """The damage notes of a dead job (none for an intact one)."""
-    return dead.damaged if isinstance(dead, DamagedDeadJob) else ()
-
-
 # -- running-job states -----------------------------------------------------------------------
 
 #: Fields of a published job state that hold numbers (``aqw.worker._running.Run.state``).
-JOB_STATE_NUMBERS = {"started_at": "float", "lease_expires_at": "float",
-                     "attempt": "int", "fencing_token": "int"}  # fmt: skip
+JOB_STATE_NUMBERS = {
+    "started_at": "float",
+    "lease_expires_at": "float",
+    "attempt": "int",
+    "fencing_token": "int",
+}
 
 
 def check_job_state(state: dict[str, str]) -> dict[str, str]:
@@ -205,15 +188,31 @@ def _required_str(v: Any) -> bool:
     return isinstance(v, str)
 
 
-_STUCK = {"job_id": _required_str, "task": _str_or_none, "worker": _str_or_none,
-          "sla": _num_or_none, "started_at": _num_or_none}  # fmt: skip
-_ERRORS = {"fingerprint": _str_or_none, "error_type": _str_or_none, "task": _str_or_none,
-           "message": _str_or_none, "count": lambda v: _optional(v, _is_int),
-           "last_seen": _num_or_none}  # fmt: skip
-_ALERTS = {"rule": _required_str, "queue": _required_str, "severity": _required_str,
-           "summary": _required_str, "details": lambda v: isinstance(v, dict),
-           "fired_at": _is_number, "resolved_at": _num_or_none,
-           "key": _str_or_none}  # fmt: skip
+_STUCK = {
+    "job_id": _required_str,
+    "task": _str_or_none,
+    "worker": _str_or_none,
+    "sla": _num_or_none,
+    "started_at": _num_or_none,
+}
+_ERRORS = {
+    "fingerprint": _str_or_none,
+    "error_type": _str_or_none,
+    "task": _str_or_none,
+    "message": _str_or_none,
+    "count": lambda v: _optional(v, _is_int),
+    "last_seen": _num_or_none,
+}
+_ALERTS = {
+    "rule": _required_str,
+    "queue": _required_str,
+    "severity": _required_str,
+    "summary": _required_str,
+    "details": lambda v: isinstance(v, dict),
+    "fired_at": _is_number,
+    "resolved_at": _num_or_none,
+    "key": _str_or_none,
+}
 
 
 def heartbeat_damage(beat: Any) -> str | None:

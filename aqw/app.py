@@ -132,9 +132,13 @@ class App:
         key = (id(tp), id(mp))
         if self._telemetry is None or key != self._telemetry_key:
             self._telemetry = Telemetry(
-                self.queue, self.broker.system, tracer_provider=tp, meter_provider=mp,
-                link=self._trace_link, redact=self.redact_errors,
-            )  # fmt: skip
+                self.queue,
+                self.broker.system,
+                tracer_provider=tp,
+                meter_provider=mp,
+                link=self._trace_link,
+                redact=self.redact_errors,
+            )
             self._telemetry_key = key
         return self._telemetry
 

@@ -30,17 +30,23 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar, cast
 
-from pydantic import BaseModel
-from pydantic_core import PydanticSerializationError, to_jsonable_python
 from redis.asyncio import Redis
 
+from ._cache_entry import (
+    CacheEntry,
+    CacheKeys,
+    Flight,
+    check_key,
+    check_min_version,
+    check_version,
+    dumps,
+    ttl_to_ms,
+)
 from ._ids import new_token
 from ._redis import scripts as _scripts
 from .errors import ConfigError
@@ -56,56 +62,6 @@ CacheEventHook = Callable[[str, str], None]
 
 _POLL_MIN = 0.005
 _POLL_MAX = 0.05
-
-
-@dataclass(frozen=True, slots=True)
-class CacheEntry:
-    """The result of ``Cache.get``.
-
-    Attributes:
-        value: the cached value as JSON types (``None`` on a miss, or for a cached ``None``).
-        version: on a hit, the version the entry was stored at; on a miss, the key's current
-            version counter -- load from the datastore, then store with
-            ``put(key, value, version=entry.version)``.
-        hit: whether a usable entry was found.
-    """
-
-    value: Any
-    version: int
-    hit: bool
-
-
-@dataclass(frozen=True, slots=True)
-class _Keys:
-    entry: str
-    version: str
-    lock: str
-
-
-class _Flight:
-    """One in-process load of a key, shared by every caller that joins it."""
-
-    __slots__ = ("hit", "min_version", "task")
-
-    def __init__(self, min_version: int) -> None:
-        self.min_version = min_version
-        self.hit: bool | None = None
-        self.task: asyncio.Task[Any] | None = None
-
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, BaseModel):
-        return obj.model_dump(mode="json")
-    try:
-        return to_jsonable_python(obj)
-    except PydanticSerializationError as exc:
-        raise TypeError(
-            f"cache values must be JSON-serialisable, got {type(obj).__name__}"
-        ) from exc
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, default=_json_default, separators=(",", ":"))
 
 
 class Cache:
@@ -143,11 +99,11 @@ class Cache:
     ) -> None:
         if not isinstance(prefix, str) or not prefix:
             raise ConfigError("Cache prefix must be a non-empty string")
-        self._default_ttl_ms = _ttl_ms(default_ttl, "default_ttl")
+        self._default_ttl_ms = ttl_to_ms(default_ttl, "default_ttl")
         self._negative_ttl_ms = (
-            None if negative_ttl is None else _ttl_ms(negative_ttl, "negative_ttl")
+            None if negative_ttl is None else ttl_to_ms(negative_ttl, "negative_ttl")
         )
-        self._lock_ttl_ms = _ttl_ms(lock_ttl, "lock_ttl")
+        self._lock_ttl_ms = ttl_to_ms(lock_ttl, "lock_ttl")
         if not wait_timeout >= 0:
             raise ConfigError(f"Cache wait_timeout must be >= 0 seconds, got {wait_timeout!r}")
         self.redis = redis
@@ -160,7 +116,7 @@ class Cache:
         self.hits = 0
         self.misses = 0
         self.loads = 0
-        self._flights: dict[str, _Flight] = {}
+        self._flights: dict[str, Flight] = {}
         self._get = _scripts.load("cache_get")
         self._put = _scripts.load("cache_put")
         self._invalidate = _scripts.load("cache_invalidate")
@@ -180,7 +136,7 @@ class Cache:
             ``version`` is the key's current version counter.
         """
         keys = self._keys(key)
-        entry = await self._read(keys, _check_min_version(min_version))
+        entry = await self._read(keys, check_min_version(min_version))
         self._record("hit" if entry.hit else "miss", key)
         return entry
 
@@ -222,12 +178,12 @@ class Cache:
             TypeError: when the loader's result is not JSON-serialisable.
             Exception: whatever the loader raises (shared by every caller of that load).
         """
-        self._check_key(key)
-        ttl_ms = self._default_ttl_ms if ttl is None else _ttl_ms(ttl, "ttl")
-        floor = _check_min_version(min_version)
+        check_key(key)
+        ttl_ms = self._default_ttl_ms if ttl is None else ttl_to_ms(ttl, "ttl")
+        floor = check_min_version(min_version)
         flight = self._flights.get(key)
         if flight is None or flight.task is None or flight.min_version < floor:
-            flight = _Flight(floor)
+            flight = Flight(floor)
             task = asyncio.create_task(
                 self._load(key, loader, ttl_ms, flight), name=f"aqw.cache.load:{key}"
             )
@@ -286,10 +242,10 @@ class Cache:
             True when stored, False when a newer version won.
         """
         keys = self._keys(key)
-        ttl_ms = self._default_ttl_ms if ttl is None else _ttl_ms(ttl, "ttl")
+        ttl_ms = self._default_ttl_ms if ttl is None else ttl_to_ms(ttl, "ttl")
         if version is not None:
-            _check_version(version, "version")
-        return await self._store(keys, _dumps(value), version, ttl_ms)
+            check_version(version, "version")
+        return await self._store(keys, dumps(value), version, ttl_ms)
 
     async def put_after_write(
         self, key: str, value: Any, version: int, *, ttl: float | None = None
@@ -304,7 +260,7 @@ class Cache:
         Returns:
             True when stored, False when a newer version is already known.
         """
-        _check_version(version, "version")
+        check_version(version, "version")
         return await self.put(key, value, version=version, ttl=ttl)
 
     async def invalidate(self, *keys: str) -> dict[str, int]:
@@ -328,17 +284,10 @@ class Cache:
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _keys(self, key: str) -> _Keys:
-        self._check_key(key)
-        base = f"{self.prefix}:{{{key}}}"
-        return _Keys(entry=base, version=f"{base}:ver", lock=f"{base}:lock")
+    def _keys(self, key: str) -> CacheKeys:
+        return CacheKeys.of(self.prefix, key)
 
-    @staticmethod
-    def _check_key(key: str) -> None:
-        if not isinstance(key, str) or not key:
-            raise ConfigError(f"Cache key must be a non-empty string, got {key!r}")
-
-    async def _read(self, keys: _Keys, floor: int) -> CacheEntry:
+    async def _read(self, keys: CacheKeys, floor: int) -> CacheEntry:
         current_raw, version_raw, data = await self._get(self.redis, [keys.entry, keys.version], [])
         current = int(current_raw)
         if version_raw is None or data is None:
@@ -348,12 +297,12 @@ class Cache:
             return CacheEntry(None, current, False)
         return CacheEntry(json.loads(data), version, True)
 
-    async def _store(self, keys: _Keys, payload: str, version: int | None, ttl_ms: int) -> bool:
+    async def _store(self, keys: CacheKeys, payload: str, version: int | None, ttl_ms: int) -> bool:
         argv: list[Any] = ["" if version is None else str(version), payload, ttl_ms]
         return bool(await self._put(self.redis, [keys.entry, keys.version], argv))
 
     async def _load(
-        self, key: str, loader: Callable[[], Awaitable[Any]], ttl_ms: int, flight: _Flight
+        self, key: str, loader: Callable[[], Awaitable[Any]], ttl_ms: int, flight: Flight
     ) -> Any:
         keys = self._keys(key)
         loop = asyncio.get_running_loop()
@@ -390,7 +339,7 @@ class Cache:
     async def _call_loader(
         self,
         key: str,
-        keys: _Keys,
+        keys: CacheKeys,
         loader: Callable[[], Awaitable[Any]],
         version: int,
         ttl_ms: int,
@@ -399,14 +348,14 @@ class Cache:
         value = await loader()
         if value is None and self._negative_ttl_ms is None:
             return None
-        payload = _dumps(value)
+        payload = dumps(value)
         if value is None and self._negative_ttl_ms is not None:
             ttl_ms = self._negative_ttl_ms  # a tombstone
         if not await self._store(keys, payload, version, ttl_ms):
             log.debug("cache key %r: value loaded at version %d is stale; not cached", key, version)
         return json.loads(payload)
 
-    def _flight_done(self, key: str, flight: _Flight, task: asyncio.Task[Any]) -> None:
+    def _flight_done(self, key: str, flight: Flight, task: asyncio.Task[Any]) -> None:
         if self._flights.get(key) is flight:
             del self._flights[key]
         if not task.cancelled():
@@ -416,7 +365,7 @@ class Cache:
         # Later callers must not join a load that began before this write.
         self._flights.pop(key, None)
 
-    def _record_flight(self, flight: _Flight, key: str) -> None:
+    def _record_flight(self, flight: Flight, key: str) -> None:
         if flight.hit is not None:
             self._record("hit" if flight.hit else "miss", key)
 
@@ -433,21 +382,3 @@ class Cache:
 
     def __repr__(self) -> str:
         return f"Cache(prefix={self.prefix!r}, hits={self.hits}, misses={self.misses})"
-
-
-def _ttl_ms(ttl: float, name: str) -> int:
-    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl < math.inf:
-        raise ConfigError(f"Cache {name} must be a finite number > 0 (seconds), got {ttl!r}")
-    return max(1, round(ttl * 1000))
-
-
-def _check_version(version: int, name: str) -> None:
-    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-        raise ConfigError(f"Cache {name} must be an int >= 0, got {version!r}")
-
-
-def _check_min_version(min_version: int | None) -> int:
-    if min_version is None:
-        return 0
-    _check_version(min_version, "min_version")
-    return min_version

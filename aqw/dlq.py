@@ -7,7 +7,6 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, Protocol
 
-from ._damage import damage_of
 from .brokers.base import Broker, DeadJob
 from .errors import ConfigError
 from .task import Task
@@ -97,9 +96,13 @@ class DeadLetters:
                 payload = self.app.get_task(job.task).validate(edit_payload)
             headers = {k: v for k, v in job.headers.items() if not k.startswith("aqw-")}
             fresh = job.model_copy(
-                update={"attempt": 1, "payload": payload, "headers": headers,
-                        "enqueued_at": time.time()}
-            )  # fmt: skip
+                update={
+                    "attempt": 1,
+                    "payload": payload,
+                    "headers": headers,
+                    "enqueued_at": time.time(),
+                }
+            )
             pairs.append((dead.id, fresh))
         done = 0
         for start in range(0, len(pairs), batch):
@@ -131,11 +134,11 @@ class DeadLetters:
 
 def dead_job_json(dead: DeadJob) -> str:
     """A dead job as indented JSON (for ``aqw dlq show``). ``damaged`` lists the fields that
-    could not be read (``aqw._damage.DamagedDeadJob``; empty for an intact entry), and
+    could not be read (``DeadJob.damaged``; empty for an intact entry), and
     ``ensure_ascii`` writes every control character (ESC included) as a ``\\uXXXX`` escape, so
     what a hostile entry holds cannot drive the terminal it is shown on."""
     data = dead.as_dict()
-    data["damaged"] = list(damage_of(dead))
+    data["damaged"] = list(dead.damaged)
     job = dead.job
     data["job"] = json.loads(job.model_dump_json()) if job is not None else None
     return json.dumps(data, indent=2, default=str, ensure_ascii=True)

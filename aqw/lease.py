@@ -23,8 +23,11 @@ from typing import Any, Protocol, cast
 
 from ._cancel import Canceller
 from ._ids import new_token, now
+from ._lease_keeper import LeaseKeeper
 from ._redis.lease import RedisLeaseBackend
 from .errors import ConfigError, LeaseLost, LeaseUnavailable
+
+__all__ = ["KeepAlive", "Lease", "LeaseBackend", "LeaseKeeper", "is_lease_backend"]
 
 log = logging.getLogger("aqw.lease")
 
@@ -108,8 +111,8 @@ class Lease:
         self._ttl_ms = max(1, int(ttl * 1000))
         self._state = "new"  # new -> held -> (handed_over | released)
         self._expires_mono = 0.0
-        self._next_renew = 0.0
-        self._renewing = False
+        self.next_renewal = 0.0
+        self.renewing = False
         self._renewer: asyncio.Task[None] | None = None
         self._guard: Canceller | None = None
         self._baseline = 0  # the block's task's cancellation requests when it entered
@@ -178,7 +181,7 @@ class Lease:
             if fence is not None:
                 self.fencing_token = fence
                 self._expires_mono = sent + self.ttl
-                self._next_renew = sent + self.renew_every
+                self.next_renewal = sent + self.renew_every
                 self._state = "held"
                 self.waited = sent - started
                 return
@@ -326,13 +329,14 @@ class Lease:
     async def _renew_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while self._state == "held" and self.lost_reason is None:
-            await asyncio.sleep(max(0.0, self._next_renew - loop.time()))
-            await self._renew_step()
+            await asyncio.sleep(max(0.0, self.next_renewal - loop.time()))
+            await self.renew_once()
 
-    async def _renew_step(self) -> None:
-        """Renew once, retrying transient errors until the lease's own deadline."""
+    async def renew_once(self) -> None:
+        """Renew once, retrying transient errors until the lease's own deadline (what the
+        renewal task, or a ``LeaseKeeper``, runs at ``next_renewal``)."""
         loop = asyncio.get_running_loop()
-        self._renewing = True
+        self.renewing = True
         last_error: BaseException | None = None
         delay = 0.05
         try:
@@ -362,7 +366,7 @@ class Lease:
                 elif self.lost_reason is None:
                     self.renewals += 1
                     self._expires_mono = sent + self.ttl
-                    self._next_renew = sent + self.renew_every
+                    self.next_renewal = sent + self.renew_every
                     if self._guard is not None:
                         self._guard.move(self._expires_mono)
                     for callback in self._on_renewed:
@@ -372,69 +376,6 @@ class Lease:
                             log.exception("lease-renewed callback failed")
                 return
         finally:
-            self._renewing = False
+            self.renewing = False
             if self._keeper is not None and self._state == "held":
                 self._keeper.reschedule(self)
-
-
-class LeaseKeeper:
-    """Renews many leases from one task, so a worker running thousands of jobs does not
-    need a timer task per job. Renewals due together share one pipelined round trip when
-    the backend batches commands."""
-
-    def __init__(self) -> None:
-        self._leases: set[Lease] = set()
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._steps: set[asyncio.Task[None]] = set()
-        self._target = float("inf")
-
-    def __len__(self) -> int:
-        return len(self._leases)
-
-    def leases(self) -> list[Lease]:
-        """The leases being renewed now."""
-        return list(self._leases)
-
-    def add(self, lease: Lease) -> None:
-        self._leases.add(lease)
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run(), name="aqw-lease-keeper")
-        self.reschedule(lease)
-
-    def reschedule(self, lease: Lease) -> None:
-        """Wake the keeper early when ``lease`` is due before its next planned pass."""
-        if lease._next_renew < self._target:
-            self._wake.set()
-
-    def discard(self, lease: Lease) -> None:
-        self._leases.discard(lease)
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        for step in list(self._steps):
-            step.cancel()
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            self._wake.clear()
-            t = loop.time()
-            next_due = t + 1.0
-            for lease in list(self._leases):
-                if lease._renewing:
-                    continue
-                if lease._next_renew <= t:
-                    step = loop.create_task(lease._renew_step())
-                    self._steps.add(step)
-                    step.add_done_callback(self._steps.discard)
-                else:
-                    next_due = min(next_due, lease._next_renew)
-            self._target = next_due
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(max(0.001, next_due - loop.time())):
-                    await self._wake.wait()
-            self._target = float("inf")

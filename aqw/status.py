@@ -23,18 +23,14 @@ Where each number comes from:
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import contextlib
-import json
-import signal
-import sys
 import time
 from typing import TYPE_CHECKING, Any
 
 from ._damage import shown, split_heartbeats, to_float, to_int
+from ._redis.lease import RedisLeaseBackend
 from ._text import printable
 from .brokers.base import Broker
+from .brokers.redis import RedisBroker
 from .monitor import format_age as _age
 from .monitor import is_monitor_heartbeat
 
@@ -94,43 +90,45 @@ async def gather_status(app_or_broker: App | Broker) -> dict[str, Any]:
 async def _redis_problems(broker: Broker) -> list[str]:
     """Damage in a Redis queue's own keys: a fencing counter that would make every job lease
     fail (``aqw.errors.FenceCorrupted``), and stats fields that are not integers."""
-    from redis.exceptions import ResponseError
-
-    from ._redis.lease import RedisLeaseBackend
-    from .brokers.redis import RedisBroker
-
     if not isinstance(broker, RedisBroker):
         return []
     out: list[str] = []
     fence = broker.keys.fence
-    try:
+    if await _key_type(broker, fence) not in ("string", "none"):
+        why: str | None = "not a string"
+    else:
         why = RedisLeaseBackend.fence_damage(await broker.client.get(fence))
-    except ResponseError:  # WRONGTYPE
-        why = "not a string"
     if why is not None:
         out.append(
             f"fencing counter {fence} is damaged: {why}; no job lease can be taken until "
             f"it is SET to an integer above every fencing token handed out "
             f"(below {RedisLeaseBackend.FENCE_LIMIT})"
         )
-    try:
-        cursor: Any = 0
-        seen = 0
-        while True:
-            reply: Any = await broker.client.hscan(broker.keys.stats, cursor, count=1000)
-            cursor, fields = reply
-            for name, value in fields.items():
-                if to_int(value, None) is None:
-                    out.append(
-                        f"damaged counter {shown(name)} in {broker.keys.stats}: "
-                        f"{shown(value)} is not an integer"
-                    )
-            seen += len(fields)
-            if not int(cursor) or seen >= 1000 or len(out) >= 20:
-                break
-    except ResponseError:
+    if await _key_type(broker, broker.keys.stats) not in ("hash", "none"):
         out.append(f"the stats key {broker.keys.stats} is not a hash")
+        return out
+    cursor: Any = 0
+    seen = 0
+    while True:
+        reply: Any = await broker.client.hscan(broker.keys.stats, cursor, count=1000)
+        cursor, fields = reply
+        for name, value in fields.items():
+            if to_int(value, None) is None:
+                out.append(
+                    f"damaged counter {shown(name)} in {broker.keys.stats}: "
+                    f"{shown(value)} is not an integer"
+                )
+        seen += len(fields)
+        if not int(cursor) or seen >= 1000 or len(out) >= 20:
+            break
     return out
+
+
+async def _key_type(broker: RedisBroker, key: str) -> str:
+    """The Redis type of ``key`` (``none`` when it does not exist), read with TYPE rather
+    than by catching WRONGTYPE: only the Redis plumbing imports redis."""
+    kind: Any = await broker.client.type(key)
+    return kind.decode() if isinstance(kind, bytes) else str(kind)
 
 
 def _sum_window(workers: list[dict[str, Any]], window: str) -> dict[str, Any]:
@@ -312,71 +310,3 @@ def render_job(job_id: str, state: dict[str, str] | None) -> str:
             value = _clock(value, "%Y-%m-%d %H:%M:%S")
         lines.append(f"  {key:<17} {_p(value)}")
     return "\n".join(lines) + "\n"
-
-
-# -- `aqw status` ---------------------------------------------------------------------------
-
-
-def add_parser(sub: Any) -> None:
-    """Add ``aqw status`` to the command line's subparsers."""
-    from .cli._main import _add_target
-
-    p = sub.add_parser("status", help="queue depth, rates, workers, alerts; or one job's state")
-    _add_target(p, positional_app=False)
-    p.add_argument("job_id", nargs="?", help="show this job's running state instead")
-    p.add_argument("--json", action="store_true", help="print JSON for scripts")
-    p.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS")
-
-
-async def run(args: argparse.Namespace) -> int:
-    """``aqw status [JOB_ID] [--json] [--watch SECONDS]``."""
-    from .cli._main import resolve_app
-
-    app = resolve_app(args, need_app=False)
-    try:
-        if getattr(args, "job_id", None):
-            state = await app.job_status(args.job_id)
-            if args.json:
-                print(
-                    json.dumps(
-                        {"job_id": args.job_id, "running": state is not None, "state": state},
-                        indent=2,
-                        ensure_ascii=True,  # control characters as \uXXXX escapes
-                    )
-                )
-            else:
-                sys.stdout.write(render_job(args.job_id, state))
-            return 0
-        if not getattr(args, "watch", None):
-            _show(await gather_status(app), args.json, clear=False)
-            return 0
-        await _watch(app, float(args.watch), args.json)
-        return 0
-    finally:
-        await app.close()
-
-
-def _show(status: dict[str, Any], as_json: bool, clear: bool) -> None:
-    # ensure_ascii: every control character (ESC included) is written as a \uXXXX escape.
-    text = json.dumps(status, indent=2, ensure_ascii=True) + "\n" if as_json else render(status)
-    sys.stdout.write(("\x1b[2J\x1b[H" if clear else "") + text)
-    sys.stdout.flush()
-
-
-async def _watch(app: App, every: float, as_json: bool) -> None:
-    """Refresh every ``every`` seconds until Ctrl-C (SIGINT) or SIGTERM."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    try:
-        while not stop.is_set():
-            _show(await gather_status(app), as_json, clear=not as_json)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(max(every, 0.1)):
-                    await stop.wait()
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(sig)

@@ -204,8 +204,9 @@ class Task(Generic[R]):
             at: run no sooner than this time (timezone-aware, or naive UTC).
             headers: extra string metadata carried with the job.
         """
-        return (await self.app.enqueue(self, [payload], key=key, delay=delay, at=at,
-                                       headers=headers))[0]  # fmt: skip
+        return (
+            await self.app.enqueue(self, [payload], key=key, delay=delay, at=at, headers=headers)
+        )[0]
 
     async def enqueue_many(
         self,

@@ -219,12 +219,16 @@ def main() -> None:
     print(f"enqueue, single awaited   {result['enqueue_single_per_s']:>10,.0f} jobs/s")
     print(f"enqueue_many (1,000)      {result['enqueue_many_per_s']:>10,.0f} jobs/s")
     print(f"drain, telemetry off      {result['drain_telemetry_off']:>10,.0f} jobs/s")
-    print(f"drain, telemetry on       {result['drain_telemetry_on']:>10,.0f} jobs/s"
-          f"  ({100 * result['telemetry_on_over_off']:.0f}% of off,"
-          f" {100 * frac['on']:.0f}% of traces sampled)")  # fmt: skip
-    print(f"drain, telemetry on, 10%  {result['drain_telemetry_sampled_10']:>10,.0f} jobs/s"
-          f"  ({100 * result['telemetry_sampled_10_over_off']:.0f}% of off,"
-          f" {100 * frac['sampled_10']:.1f}% of traces sampled)")  # fmt: skip
+    print(
+        f"drain, telemetry on       {result['drain_telemetry_on']:>10,.0f} jobs/s"
+        f"  ({100 * result['telemetry_on_over_off']:.0f}% of off,"
+        f" {100 * frac['on']:.0f}% of traces sampled)"
+    )
+    print(
+        f"drain, telemetry on, 10%  {result['drain_telemetry_sampled_10']:>10,.0f} jobs/s"
+        f"  ({100 * result['telemetry_sampled_10_over_off']:.0f}% of off,"
+        f" {100 * frac['sampled_10']:.1f}% of traces sampled)"
+    )
     print(f"drain, memory://          {result['drain_memory']:>10,.0f} jobs/s")
     print(f"wrote {args.out}")
 

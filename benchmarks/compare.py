@@ -297,18 +297,29 @@ def run_scenario(sc: Scenario, plan: Plan, repeat: int, only: list[str] | None) 
     out = STEPS / f"peers-{sc.key}.json"
     out.unlink(missing_ok=True)
     bench = [
-        "--jobs", str(sc.jobs),
-        "--enqueue-jobs", str(plan.enqueue_jobs),
-        "--rate", f"{sc.rate:g}",
-        "--duration", f"{plan.duration:g}",
-        "--concurrency", str(sc.concurrency),
-        "--work", sc.work,
-        "--drain-max-s", f"{plan.drain_max_s:g}",
-        "--latency-max-wait", f"{plan.latency_max_wait:g}",
-        "--phase-timeout", f"{plan.phase_timeout:g}",
-        "--total-timeout", f"{plan.run_timeout - 30:g}",
-        "--db", str(DEFAULT_DB),
-    ]  # fmt: skip
+        "--jobs",
+        str(sc.jobs),
+        "--enqueue-jobs",
+        str(plan.enqueue_jobs),
+        "--rate",
+        f"{sc.rate:g}",
+        "--duration",
+        f"{plan.duration:g}",
+        "--concurrency",
+        str(sc.concurrency),
+        "--work",
+        sc.work,
+        "--drain-max-s",
+        f"{plan.drain_max_s:g}",
+        "--latency-max-wait",
+        f"{plan.latency_max_wait:g}",
+        "--phase-timeout",
+        f"{plan.phase_timeout:g}",
+        "--total-timeout",
+        f"{plan.run_timeout - 30:g}",
+        "--db",
+        str(DEFAULT_DB),
+    ]
     if sc.work == "sleep":
         bench += ["--sleep-ms", f"{SLEEP_MS:g}"]
     cmd = [sys.executable, rel(HERE / "run_peers.py"), "--repeat", str(repeat)]
@@ -494,13 +505,15 @@ def params_table(steps: list[dict[str, Any]], plan: Plan, repeat: int) -> str:
     rows = []
     for s in steps:
         sc = s["scenario"]
-        rows.append([
-            sc["label"],
-            f"{sc['jobs']:,}",
-            f"{sc['rate']:g} jobs/s x {plan.duration:g} s",
-            f"{s['elapsed_s']:.0f} s",
-            " / ".join(f"{x:.2f}" for x in s["loadavg_before"]),
-        ])  # fmt: skip
+        rows.append(
+            [
+                sc["label"],
+                f"{sc['jobs']:,}",
+                f"{sc['rate']:g} jobs/s x {plan.duration:g} s",
+                f"{s['elapsed_s']:.0f} s",
+                " / ".join(f"{x:.2f}" for x in s["loadavg_before"]),
+            ]
+        )
     head = ["scenario", "drain jobs", "latency phase", "wall time", "load avg before"]
     note = (
         f"Every cell is the median of {repeat} run(s); {plan.enqueue_jobs:,} single"
@@ -542,23 +555,30 @@ def headline(data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     raw_d = metric(steps, "noop-c100", "raw-streams", "drain_jobs_per_s")
     figures["aqw_over_taskiq_drain_noop_c100"] = ratio(aqw_d, taskiq_d)
     figures["aqw_over_raw_streams_drain_noop_c100"] = ratio(aqw_d, raw_d)
-    rows.append([
-        "aqw drain ÷ taskiq-redis drain (no-op, c=100)",
-        f"{fmt_ratio(ratio(aqw_d, taskiq_d))} ({fmt_rate(aqw_d)} vs {fmt_rate(taskiq_d)} jobs/s)",
-    ])  # fmt: skip
-    rows.append([
-        "aqw drain ÷ raw-streams drain (no-op, c=100; the no-guarantees ceiling)",
-        f"{fmt_ratio(ratio(aqw_d, raw_d), 2)} ({fmt_rate(aqw_d)} vs {fmt_rate(raw_d)} jobs/s)",
-    ])  # fmt: skip
+    rows.append(
+        [
+            "aqw drain ÷ taskiq-redis drain (no-op, c=100)",
+            f"{fmt_ratio(ratio(aqw_d, taskiq_d))}"
+            f" ({fmt_rate(aqw_d)} vs {fmt_rate(taskiq_d)} jobs/s)",
+        ]
+    )
+    rows.append(
+        [
+            "aqw drain ÷ raw-streams drain (no-op, c=100; the no-guarantees ceiling)",
+            f"{fmt_ratio(ratio(aqw_d, raw_d), 2)} ({fmt_rate(aqw_d)} vs {fmt_rate(raw_d)} jobs/s)",
+        ]
+    )
     for conc in (100, 10):
         key = f"noop-c{conc}"
         p50 = metric(steps, key, "aqw", "latency_p50_ms")
         p99 = metric(steps, key, "aqw", "latency_p99_ms")
         figures[f"aqw_latency_noop_c{conc}_ms"] = {"p50": p50, "p99": p99}
-        rows.append([
-            f"aqw latency at {NOOP_RATE:g} jobs/s offered (no-op, c={conc}), p50 / p99",
-            f"{fmt_ms(p50)} ms / {fmt_ms(p99)} ms",
-        ])  # fmt: skip
+        rows.append(
+            [
+                f"aqw latency at {NOOP_RATE:g} jobs/s offered (no-op, c={conc}), p50 / p99",
+                f"{fmt_ms(p50)} ms / {fmt_ms(p99)} ms",
+            ]
+        )
 
     extra = (data.get("aqw_extra") or {}).get("result")
     if extra:
@@ -567,33 +587,42 @@ def headline(data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         figures["telemetry_on_over_off"] = on
         figures["telemetry_sampled_10_over_off"] = s10
         figures["enqueue_many_over_single"] = extra["enqueue_many_over_single"]
-        rows.append([
-            "aqw drain, telemetry on (100% of traces sampled) ÷ off",
-            f"{100 * on:.0f}% ({fmt_rate(extra['drain_telemetry_on'])} vs"
-            f" {fmt_rate(extra['drain_telemetry_off'])} jobs/s)",
-        ])  # fmt: skip
-        rows.append([
-            "aqw drain, telemetry on (10% of traces sampled) ÷ off",
-            f"{100 * s10:.0f}% ({fmt_rate(extra['drain_telemetry_sampled_10'])} jobs/s;"
-            f" {100 * frac.get('sampled_10', 0):.1f}% of jobs actually sampled)",
-        ])  # fmt: skip
-        rows.append([
-            "aqw enqueue_many (batches of 1,000) ÷ single awaited enqueue",
-            f"{fmt_ratio(extra['enqueue_many_over_single'])}"
-            f" ({fmt_rate(extra['enqueue_many_per_s'])} vs"
-            f" {fmt_rate(extra['enqueue_single_per_s'])} jobs/s)",
-        ])  # fmt: skip
+        rows.append(
+            [
+                "aqw drain, telemetry on (100% of traces sampled) ÷ off",
+                f"{100 * on:.0f}% ({fmt_rate(extra['drain_telemetry_on'])} vs"
+                f" {fmt_rate(extra['drain_telemetry_off'])} jobs/s)",
+            ]
+        )
+        rows.append(
+            [
+                "aqw drain, telemetry on (10% of traces sampled) ÷ off",
+                f"{100 * s10:.0f}% ({fmt_rate(extra['drain_telemetry_sampled_10'])} jobs/s;"
+                f" {100 * frac.get('sampled_10', 0):.1f}% of jobs actually sampled)",
+            ]
+        )
+        rows.append(
+            [
+                "aqw enqueue_many (batches of 1,000) ÷ single awaited enqueue",
+                f"{fmt_ratio(extra['enqueue_many_over_single'])}"
+                f" ({fmt_rate(extra['enqueue_many_per_s'])} vs"
+                f" {fmt_rate(extra['enqueue_single_per_s'])} jobs/s)",
+            ]
+        )
     else:
         rows.append(["aqw telemetry and enqueue_many figures", "not measured (aqw_extra failed)"])
 
     sqs = (data.get("sqs") or {}).get("result")
     if sqs:
         figures["sqs_batched_over_naive"] = sqs["speedup"]
-        rows.append([
-            f"SQS drain (fauxqs): aqw batched, c={sqs['concurrency']} ÷ naive receive-1/delete-1",
-            f"{sqs['speedup']:.1f}x ({sqs['drain_msgs_per_s']['aqw']:,} vs"
-            f" {sqs['drain_msgs_per_s']['naive']:,} msg/s)",
-        ])  # fmt: skip
+        rows.append(
+            [
+                f"SQS drain (fauxqs): aqw batched, c={sqs['concurrency']}"
+                " ÷ naive receive-1/delete-1",
+                f"{sqs['speedup']:.1f}x ({sqs['drain_msgs_per_s']['aqw']:,} vs"
+                f" {sqs['drain_msgs_per_s']['naive']:,} msg/s)",
+            ]
+        )
     elif data.get("sqs") is None:
         rows.append(["SQS batched ÷ naive", "not run this time (add `--with-sqs`)"])
     else:
@@ -610,19 +639,30 @@ def extra_table(data: dict[str, Any]) -> str:
     off = extra["drain_telemetry_off"]
     rows = [
         ["enqueue, single awaited", fmt_rate(extra["enqueue_single_per_s"]), ""],
-        ["enqueue_many, batches of 1,000", fmt_rate(extra["enqueue_many_per_s"]),
-         fmt_ratio(extra["enqueue_many_over_single"]) + " single"],
+        [
+            "enqueue_many, batches of 1,000",
+            fmt_rate(extra["enqueue_many_per_s"]),
+            fmt_ratio(extra["enqueue_many_over_single"]) + " single",
+        ],
         ["drain, telemetry off", fmt_rate(off), "100%"],
-        ["drain, telemetry on, 100% of traces sampled", fmt_rate(extra["drain_telemetry_on"]),
-         f"{100 * extra['telemetry_on_over_off']:.0f}% of off"
-         f" ({100 * frac.get('on', 0):.0f}% sampled)"],
-        ["drain, telemetry on, 10% of traces sampled",
-         fmt_rate(extra["drain_telemetry_sampled_10"]),
-         f"{100 * extra['telemetry_sampled_10_over_off']:.0f}% of off"
-         f" ({100 * frac.get('sampled_10', 0):.1f}% sampled)"],
-        ["drain, memory:// broker", fmt_rate(extra["drain_memory"]),
-         f"{extra['drain_memory'] / off:.1f}x Redis"],
-    ]  # fmt: skip
+        [
+            "drain, telemetry on, 100% of traces sampled",
+            fmt_rate(extra["drain_telemetry_on"]),
+            f"{100 * extra['telemetry_on_over_off']:.0f}% of off"
+            f" ({100 * frac.get('on', 0):.0f}% sampled)",
+        ],
+        [
+            "drain, telemetry on, 10% of traces sampled",
+            fmt_rate(extra["drain_telemetry_sampled_10"]),
+            f"{100 * extra['telemetry_sampled_10_over_off']:.0f}% of off"
+            f" ({100 * frac.get('sampled_10', 0):.1f}% sampled)",
+        ],
+        [
+            "drain, memory:// broker",
+            fmt_rate(extra["drain_memory"]),
+            f"{extra['drain_memory'] / off:.1f}x Redis",
+        ],
+    ]
     note = (
         f"{extra['jobs']:,} no-op jobs per drain at concurrency {extra.get('concurrency', 100)},"
         f" median of {extra['repeat']} interleaved run(s); command: `{step['command']}`."
@@ -642,11 +682,13 @@ def sqs_section(data: dict[str, Any]) -> str:
     if not sqs:
         return f"The SQS step failed: {step.get('error', '?')}."
     rows = [
-        [f"aqw SQS broker, concurrency {sqs['concurrency']}",
-         f"{sqs['drain_msgs_per_s']['aqw']:,}"],
+        [
+            f"aqw SQS broker, concurrency {sqs['concurrency']}",
+            f"{sqs['drain_msgs_per_s']['aqw']:,}",
+        ],
         ["naive ReceiveMessage(1) + DeleteMessage loop", f"{sqs['drain_msgs_per_s']['naive']:,}"],
         ["speedup", f"{sqs['speedup']:.1f}x"],
-    ]  # fmt: skip
+    ]
     note = (
         f"{sqs['messages']:,} messages per drain on {sqs['server']}, median of"
         f" {sqs['rounds']} round(s), contenders alternating; command: `{step['command']}`."
@@ -685,9 +727,13 @@ def chart(data: dict[str, Any], peers: list[str], path: Path) -> None:
             if cap:
                 bar.set_hatch("//")
             ax1.annotate(
-                f"{y:,.0f}", (bar.get_x() + bar.get_width() / 2, y),
-                ha="center", va="bottom", fontsize=6, rotation=90,
-            )  # fmt: skip
+                f"{y:,.0f}",
+                (bar.get_x() + bar.get_width() / 2, y),
+                ha="center",
+                va="bottom",
+                fontsize=6,
+                rotation=90,
+            )
     ax1.set_xticks(range(len(steps)), [s["scenario"]["label"].replace(", ", "\n") for s in steps])
     ax1.set_yscale("log")
     ax1.yaxis.set_major_formatter(plain)
@@ -719,15 +765,25 @@ def chart(data: dict[str, Any], peers: list[str], path: Path) -> None:
             note = (rows_by_peer(step).get(peer) or {}).get("note") or ""
             missing = "saturated" if "saturated" in note else "n/a"
             ax2.annotate(
-                missing, (x, 0.02), xycoords=("data", "axes fraction"),
-                ha="center", va="bottom", fontsize=6, rotation=90, color="#555555",
-            )  # fmt: skip
+                missing,
+                (x, 0.02),
+                xycoords=("data", "axes fraction"),
+                ha="center",
+                va="bottom",
+                fontsize=6,
+                rotation=90,
+                color="#555555",
+            )
         bars = ax2.bar(xs, ys, width, label=label, color=shades[j])
         for bar, y in zip(bars, ys, strict=True):
             ax2.annotate(
-                fmt_ms(y), (bar.get_x() + bar.get_width() / 2, y),
-                ha="center", va="bottom", fontsize=6, rotation=90,
-            )  # fmt: skip
+                fmt_ms(y),
+                (bar.get_x() + bar.get_width() / 2, y),
+                ha="center",
+                va="bottom",
+                fontsize=6,
+                rotation=90,
+            )
     ax2.set_xticks(range(len(peers)), peers, rotation=30, fontsize=8)
     ax2.set_yscale("log")
     ax2.yaxis.set_major_formatter(plain)

@@ -97,9 +97,13 @@ async def fauxqs_server() -> AsyncIterator[str]:
     launcher.write_text(LAUNCHER)
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
-        "node", str(launcher), str(port),
-        cwd=str(PREFIX), stdout=asyncio.subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
+        "node",
+        str(launcher),
+        str(port),
+        cwd=str(PREFIX),
+        stdout=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         assert proc.stdout is not None
         line = await asyncio.wait_for(proc.stdout.readline(), 30)
@@ -187,8 +191,11 @@ async def main() -> None:
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     args = parser.parse_args()
-    for key, value in {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
-                       "AWS_DEFAULT_REGION": REGION}.items():  # fmt: skip
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_SECRET_ACCESS_KEY": "bench",
+        "AWS_DEFAULT_REGION": REGION,
+    }.items():
         os.environ.setdefault(key, value)
 
     results: dict[str, list[float]] = {"aqw": [], "naive": []}
@@ -224,8 +231,10 @@ async def main() -> None:
     summary["speedup"] = round(speedup, 1)
     print()
     print(f"{'contender':<44} {'drain msg/s':>12}")
-    print(f"{'aqw SQSBroker, concurrency ' + str(args.concurrency):<44} "
-          f"{summary['drain_msgs_per_s']['aqw']:>12}")  # fmt: skip
+    print(
+        f"{'aqw SQSBroker, concurrency ' + str(args.concurrency):<44} "
+        f"{summary['drain_msgs_per_s']['aqw']:>12}"
+    )
     print(f"{'naive receive(1) + delete loop':<44} {summary['drain_msgs_per_s']['naive']:>12}")
     print(f"{'speedup':<44} {summary['speedup']:>11}x")
     print(f"(SendMessageBatch fill: {summary['enqueue_msgs_per_s']} msg/s)")

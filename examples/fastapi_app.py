@@ -92,9 +92,13 @@ def create_app(broker: str | None = None, queue: str | None = None) -> FastAPI:
             await ctx.progress(step / data.steps, f"step {step}/{data.steps}")
         await results.put(
             ctx.job_id,
-            {"name": data.name, "finished_at": time.time(), "attempt": ctx.attempt,
-             "worker": ctx.worker.name},
-        )  # fmt: skip
+            {
+                "name": data.name,
+                "finished_at": time.time(),
+                "attempt": ctx.attempt,
+                "worker": ctx.worker.name,
+            },
+        )
 
     api = FastAPI(
         title="aqw example",

@@ -49,14 +49,20 @@ async def main(broker: str, jobs: int, concurrency: int) -> int:
         while worker.stats.processed < jobs:
             elapsed = time.perf_counter() - started
             rate = worker.stats.processed / elapsed if elapsed else 0.0
-            print(f"\rprocessed {worker.stats.processed}/{jobs}  {rate:,.0f} jobs/s  "
-                  f"retried {worker.stats.retried}", end="", flush=True)  # fmt: skip
+            print(
+                f"\rprocessed {worker.stats.processed}/{jobs}  {rate:,.0f} jobs/s  "
+                f"retried {worker.stats.retried}",
+                end="",
+                flush=True,
+            )
             await asyncio.sleep(0.1)
     elapsed = time.perf_counter() - started
     s = worker.stats
     print(f"\rprocessed {s.processed}/{jobs}" + " " * 30)
-    print(f"done: {s.processed} jobs in {elapsed:.2f}s ({s.processed / elapsed:,.0f} jobs/s), "
-          f"{s.retried} retried, {s.dead} dead-lettered, {s.failed} failed runs")  # fmt: skip
+    print(
+        f"done: {s.processed} jobs in {elapsed:.2f}s ({s.processed / elapsed:,.0f} jobs/s), "
+        f"{s.retried} retried, {s.dead} dead-lettered, {s.failed} failed runs"
+    )
     depth = await app.broker.depth()
     await app.close()
     return 0 if s.processed == jobs and depth.waiting == depth.in_flight == 0 else 1

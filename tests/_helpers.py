@@ -1,32 +1,135 @@
-"""Small helpers shared by the tests."""
+"""Small helpers shared by the tests: waiting, running workers, looking inside a Redis queue,
+writing raw messages, and the servers the tests talk to (the real Redis, moto)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import pytest
+import redis
 
 import aqw
+from aqw.brokers.base import Broker
+from aqw.brokers.memory import MemoryBroker
+from aqw.brokers.redis import RedisBroker
+
+if TYPE_CHECKING:
+    from conftest import Backend
+
+REDIS_HOST = "127.0.0.1"
+REDIS_PORT = 6379
+REDIS_URL = f"redis://{REDIS_HOST}:{REDIS_PORT}/0"
 
 
-async def eventually(pred: Callable[[], Any], within: float, what: str) -> None:
+# -- waiting -----------------------------------------------------------------------------------
+
+
+class _Process(Protocol):
+    pid: int
+
+    @property
+    def returncode(self) -> int | None: ...
+
+
+async def eventually(
+    pred: Callable[[], Any],
+    within: float,
+    what: str,
+    *,
+    interval: float = 0.01,
+    procs: Sequence[_Process] = (),
+    allowed_exits: Collection[int] = (),
+) -> Any:
+    """Poll ``pred`` (plain or async) every ``interval`` seconds until it returns a truthy
+    value, and return that value; fail after ``within`` seconds. With ``procs``, fail at once
+    when one of those processes has exited, unless with a code in ``allowed_exits``."""
     deadline = time.monotonic() + within
     while True:
         value = pred()
         if isinstance(value, Awaitable):
             value = await value
         if value:
-            return
+            return value
+        for proc in procs:
+            code = proc.returncode
+            if code is not None and code not in allowed_exits:
+                raise AssertionError(f"worker {proc.pid} exited early with {code}")
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(interval)
+
+
+# -- workers -----------------------------------------------------------------------------------
+
+
+async def run_burst(app: aqw.App, within: float = 20.0, **options: Any) -> aqw.Worker:
+    """Run a burst worker (it stops when the queue is empty) of ``app``, within a bound."""
+    worker = app.worker(burst=True, **options)
+    await asyncio.wait_for(worker.run(), within)
+    assert worker.state == "stopped"
+    return worker
+
+
+async def stop_all(*workers: aqw.Worker, within: float = 20.0) -> None:
+    """Stop workers, failing clearly (not by the test timeout) if a stop hangs."""
+    try:
+        await asyncio.wait_for(asyncio.gather(*(w.stop() for w in workers)), within)
+    except TimeoutError:
+        raise AssertionError(f"Worker.stop() did not return within {within}s") from None
+
+
+@contextlib.asynccontextmanager
+async def running(worker: aqw.Worker) -> AsyncIterator[aqw.Worker]:
+    """Like ``async with worker:``, with a bounded stop."""
+    await worker.start()
+    try:
+        yield worker
+    finally:
+        await stop_all(worker)
 
 
 async def depth(app: aqw.App) -> tuple[int, int, int, int]:
     d = await app.broker.depth()
     return (d.waiting, d.in_flight, d.delayed, d.dead)
+
+
+# -- inside a queue ----------------------------------------------------------------------------
+
+
+async def assert_stream_empty(backend: Backend, app: aqw.App, *, delayed: bool = False) -> None:
+    """On Redis: the stream and its pending list are empty (and, with ``delayed``, the delayed
+    set too). The memory broker has nothing more to look at than ``depth()``."""
+    if backend.raw is None:
+        return
+    broker = app.broker
+    assert isinstance(broker, RedisBroker)
+    assert await backend.raw.xlen(broker.keys.stream) == 0
+    assert (await backend.raw.xpending(broker.keys.stream, "aqw"))["pending"] == 0
+    if delayed:
+        assert await backend.raw.zcard(broker.keys.delayed) == 0
+
+
+async def publish_raw(
+    backend: Backend, target: aqw.App | Broker, fields: dict[str, bytes] | bytes
+) -> None:
+    """Write a message as a foreign producer would: on Redis a raw XADD of exactly ``fields``
+    (bytes: the ``j`` field alone); the memory broker keeps only the ``j`` bytes."""
+    broker = target.broker if isinstance(target, aqw.App) else target
+    if isinstance(fields, bytes):
+        fields = {"j": fields}
+    if isinstance(broker, MemoryBroker):
+        await broker.publish_raw(fields["j"])
+        return
+    assert isinstance(broker, RedisBroker) and backend.raw is not None
+    await backend.raw.xadd(broker.keys.stream, dict(fields))  # type: ignore[arg-type]
+
+
+# -- servers -----------------------------------------------------------------------------------
 
 
 def free_port() -> int:
@@ -46,3 +149,41 @@ def redis_pings(port: int) -> bool:
             return sock.recv(16).startswith(b"+PONG")
     except OSError:
         return False
+
+
+def real_redis_answers(timeout: float = 1.0) -> bool:
+    """True when the shared Redis on 127.0.0.1:6379 answers PING."""
+    try:
+        client = redis.Redis(
+            host=REDIS_HOST, port=REDIS_PORT, socket_timeout=timeout, socket_connect_timeout=timeout
+        )
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except redis.RedisError:
+        return False
+
+
+def require_real_redis() -> None:
+    """Fail (never skip) when the real Redis on 127.0.0.1:6379 is not answering."""
+    if not real_redis_answers():
+        pytest.fail(
+            f"the real Redis server at {REDIS_HOST}:{REDIS_PORT} is not answering PING. "
+            "These tests need it (CI starts one; locally: `redis-server --daemonize yes`).",
+            pytrace=False,
+        )
+
+
+@contextlib.contextmanager
+def moto_server() -> Iterator[str]:
+    """A moto server (SQS and the other AWS APIs) on a free loopback port; its endpoint URL."""
+    from moto import server as server_mod
+
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()

@@ -29,40 +29,21 @@ from redis.asyncio import Redis
 import aqw
 from aqw.brokers.memory import MemoryBroker, reset_memory_queues
 from aqw.brokers.redis import RedisBroker
-from tests._helpers import free_port, redis_pings
-
-REDIS_HOST = "127.0.0.1"
-REDIS_PORT = 6379
-REDIS_URL = f"redis://{REDIS_HOST}:{REDIS_PORT}/0"
+from tests._helpers import (
+    REDIS_HOST,
+    REDIS_PORT,
+    REDIS_URL,
+    free_port,
+    real_redis_answers,
+    redis_pings,
+    require_real_redis,
+)
 
 BACKENDS = ["memory", "fakeredis", pytest.param("redis", marks=pytest.mark.redis)]
 REDIS_BACKENDS = ["fakeredis", pytest.param("redis", marks=pytest.mark.redis)]
 
 
 # -- the shared real server --------------------------------------------------------------------
-
-
-def real_redis_answers(timeout: float = 1.0) -> bool:
-    try:
-        client = redis.Redis(
-            host=REDIS_HOST, port=REDIS_PORT, socket_timeout=timeout, socket_connect_timeout=timeout
-        )
-        try:
-            return bool(client.ping())
-        finally:
-            client.close()
-    except redis.RedisError:
-        return False
-
-
-def require_real_redis() -> None:
-    """Fail (never skip) when the real Redis on 127.0.0.1:6379 is not answering."""
-    if not real_redis_answers():
-        pytest.fail(
-            f"the real Redis server at {REDIS_HOST}:{REDIS_PORT} is not answering PING. "
-            "These tests need it (CI starts one; locally: `redis-server --daemonize yes`).",
-            pytrace=False,
-        )
 
 
 def delete_queue_keys(queues: list[str]) -> None:
@@ -194,9 +175,7 @@ async def backend(request: pytest.FixtureRequest, queue_name: str) -> AsyncItera
 
 
 @pytest.fixture(params=REDIS_BACKENDS)
-async def redis_backend(
-    request: pytest.FixtureRequest, queue_name: str
-) -> AsyncIterator[Backend]:
+async def redis_backend(request: pytest.FixtureRequest, queue_name: str) -> AsyncIterator[Backend]:
     """Like ``backend``, on fakeredis and the real Redis only (tests of Redis scripts)."""
     async with open_backend(request.param, queue_name) as b:
         yield b
@@ -270,11 +249,22 @@ class PrivateRedis:
             pytest.fail("redis-server is not on PATH", pytrace=False)
         for _ in range(5):  # the free port can be taken between probe and bind: try another
             self.proc = subprocess.Popen(
-                [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                 "--appendonly", "no", "--dir", str(self.workdir)],
+                [
+                    binary,
+                    "--port",
+                    str(self.port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    str(self.workdir),
+                ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
-            )  # fmt: skip
+            )
             deadline = time.monotonic() + 10
             while self.proc.poll() is None and time.monotonic() < deadline:
                 if redis_pings(self.port):

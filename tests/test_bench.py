@@ -36,8 +36,12 @@ def bench(
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "aqw.cli.bench", *args],
-        env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def bench_queue(result: subprocess.CompletedProcess[str]) -> str:
@@ -47,8 +51,9 @@ def bench_queue(result: subprocess.CompletedProcess[str]) -> str:
 
 
 def rows(stdout: str) -> list[tuple[int, int, int]]:
-    return [(int(m[1]), int(m[2]), int(m[3])) for line in stdout.splitlines()
-            if (m := ROW.match(line))]  # fmt: skip
+    return [
+        (int(m[1]), int(m[2]), int(m[3])) for line in stdout.splitlines() if (m := ROW.match(line))
+    ]
 
 
 def queue_keys(queue: str) -> list[bytes]:
@@ -97,8 +102,9 @@ def test_quick_on_memory_prints_a_table_and_a_recommendation(env: dict[str, str]
     assert bench_queue(result).startswith("aqw-bench-")
     assert "jobs/s" in result.stdout and "p99 ms" in result.stdout
     assert rows(result.stdout) == [(1, 10, 0), (1, 10, 20), (1, 50, 0), (1, 50, 20)]
-    assert re.search(r"^recommended: --processes 1 --concurrency \d+ --prefetch \d+",
-                     result.stdout, re.M)  # fmt: skip
+    assert re.search(
+        r"^recommended: --processes 1 --concurrency \d+ --prefetch \d+", result.stdout, re.M
+    )
     assert "4/4" in result.stderr  # the progress bar
 
 
@@ -134,9 +140,23 @@ def test_quick_on_redis_with_two_process_counts(
 def test_json_on_redis_with_a_named_queue(env: dict[str, str], bench_queues: list[str]) -> None:
     queue = f"aqw-bench-t{uuid.uuid4().hex[:8]}"
     bench_queues.append(queue)
-    result = bench("--quick", "--json", "--broker", REDIS_URL, "--queue", queue,
-                   "-c", "20", "--prefetch", "0,10", "--work", "sleep", "--sleep-ms", "2",
-                   env=env)  # fmt: skip
+    result = bench(
+        "--quick",
+        "--json",
+        "--broker",
+        REDIS_URL,
+        "--queue",
+        queue,
+        "-c",
+        "20",
+        "--prefetch",
+        "0,10",
+        "--work",
+        "sleep",
+        "--sleep-ms",
+        "2",
+        env=env,
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["queue"] == queue and report["work"] == "sleep"
@@ -181,10 +201,26 @@ def test_interrupted_run_cleans_up(
     queue = f"aqw-bench-t{uuid.uuid4().hex[:8]}"
     bench_queues.append(queue)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "aqw.cli.bench", "--broker", REDIS_URL, "--queue", queue,
-         "--jobs", "200000", "--processes", "2", "-c", "10"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "aqw.cli.bench",
+            "--broker",
+            REDIS_URL,
+            "--queue",
+            queue,
+            "--jobs",
+            "200000",
+            "--processes",
+            "2",
+            "-c",
+            "10",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 30
         while not queue_keys(queue):
@@ -224,8 +260,7 @@ def test_a_task_of_the_users_app(env: dict[str, str], tmp_path: Path) -> None:
     """)
     )
     common = ["--quick", "--json", "--app", "myjobs:app", "-c", "10", "--prefetch", "0"]
-    result = bench(*common, "--task", "ship", "--payload", '{"order_id": 7}',
-                   env=env, cwd=tmp_path)  # fmt: skip
+    result = bench(*common, "--task", "ship", "--payload", '{"order_id": 7}', env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     report: dict[str, Any] = json.loads(result.stdout)
     assert report["task"] == "ship" and report["work"] is None

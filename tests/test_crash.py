@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from crash_worker import ledger_keys, make_app
 from redis.asyncio import Redis
 
 from aqw.brokers.redis import RedisBroker
+from tests._helpers import eventually
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
 
@@ -35,18 +35,8 @@ CONCURRENCY = 8
 
 Proc = asyncio.subprocess.Process
 
-
-async def _wait_for(
-    pred: Callable[[], Awaitable[bool]], within: float, what: str, procs: list[Proc]
-) -> None:
-    deadline = time.monotonic() + within
-    while not await pred():
-        for proc in procs:
-            if proc.returncode is not None and proc.returncode != -signal.SIGKILL:
-                raise AssertionError(f"worker {proc.pid} exited early with {proc.returncode}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.02)
+#: The exit of the worker the test kills; any other exit of a worker fails the test at once.
+KILLED = (-signal.SIGKILL,)
 
 
 async def test_sigkilled_worker_loses_nothing_and_fencing_holds(
@@ -70,14 +60,24 @@ async def test_sigkilled_worker_loses_nothing_and_fencing_holds(
             script = str(repo_root / "tests" / "crash_worker.py")
             proc = await asyncio.create_subprocess_exec(
                 *(sys.executable, script, queue_name, str(CONCURRENCY)),
-                cwd=repo_root, env=subprocess_env, stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+                cwd=repo_root,
+                env=subprocess_env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
             procs.append(proc)
 
         async def a_third_done() -> bool:
             return int(await client.hlen(top)) >= JOBS // 3
 
-        await _wait_for(a_third_done, 45, "a third of the jobs", procs)
+        await eventually(
+            a_third_done,
+            45,
+            "a third of the jobs",
+            procs=procs,
+            allowed_exits=KILLED,
+            interval=0.02,
+        )
         victim = procs[0]
         victim.send_signal(signal.SIGKILL)
         await asyncio.wait_for(victim.wait(), 10)
@@ -93,13 +93,27 @@ async def test_sigkilled_worker_loses_nothing_and_fencing_holds(
         async def all_done() -> bool:
             return int(await client.hlen(top)) >= JOBS
 
-        await _wait_for(all_done, 60, "every job in the ledger", procs)
+        await eventually(
+            all_done,
+            60,
+            "every job in the ledger",
+            procs=procs,
+            allowed_exits=KILLED,
+            interval=0.02,
+        )
         recovered_after = time.monotonic() - killed_at
 
         async def drained() -> bool:
             return int((await client.xpending(stream, "aqw"))["pending"]) == 0
 
-        await _wait_for(drained, 15, "the pending list to drain", procs)
+        await eventually(
+            drained,
+            15,
+            "the pending list to drain",
+            procs=procs,
+            allowed_exits=KILLED,
+            interval=0.02,
+        )
         for proc in procs[1:]:
             proc.send_signal(signal.SIGTERM)
         for proc in procs[1:]:

@@ -30,14 +30,15 @@ import redis
 from conftest import REDIS_URL, Backend
 
 import aqw
-from aqw._damage import DamagedDeadJob, to_float, to_int
+from aqw import RedisLeaseBackend
+from aqw._damage import to_float, to_int
 from aqw._redis.keys import QueueKeys
 from aqw._text import printable
 from aqw.brokers.memory import MemoryBroker
 from aqw.brokers.redis import RedisBroker
 from aqw.dlq import dead_job_json
 from aqw.errors import FenceCorrupted
-from aqw.lease import Lease, RedisLeaseBackend
+from aqw.lease import Lease
 from aqw.monitor import CallbackSink, Monitor
 from aqw.status import gather_status, render
 
@@ -60,8 +61,11 @@ def raw_controls(out: bytes) -> list[bytes]:
 def aqw_cli(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(
         [sys.executable, "-m", "aqw", "--log-level", "WARNING", *argv],
-        env=env, capture_output=True, timeout=30, check=False,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
 
 
 def ok(done: subprocess.CompletedProcess[bytes]) -> bytes:
@@ -217,15 +221,17 @@ async def test_a_damaged_dlq_entry_reads_with_defaults_and_notes(redis_backend: 
     broker = redis_backend.app().broker
     assert isinstance(broker, RedisBroker)
     entry = (await raw.xadd(broker.keys.dlq, HOSTILE_DLQ_FIELDS)).decode()
-    await raw.xadd(broker.keys.dlq, {"task": "t", "attempts": "3", "last": "1700000000.5",
-                                     "error": "\xff".encode("latin-1")})  # fmt: skip
+    await raw.xadd(
+        broker.keys.dlq,
+        {"task": "t", "attempts": "3", "last": "1700000000.5", "error": "\xff".encode("latin-1")},
+    )
     [dead, intact] = await broker.dlq_list()
-    assert isinstance(dead, DamagedDeadJob) and dead.id == entry
+    assert dead.damaged and dead.id == entry
     assert (dead.attempts, dead.first_failed_at, dead.last_failed_at) == (0, 0.0, 0.0)
     assert {n.split()[0] for n in dead.damaged} == {"attempts", "first", "last"}
     assert "'abc'" in " ".join(dead.damaged)
     assert dead.as_dict()["damaged"] == list(dead.damaged)
-    assert not isinstance(intact, DamagedDeadJob)
+    assert intact.damaged == ()
     assert (intact.attempts, intact.last_failed_at, intact.error) == (3, 1700000000.5, "\ufffd")
     assert await broker.dlq_get(entry) == dead
     assert json.loads(dead_job_json(intact))["damaged"] == []
@@ -264,11 +270,22 @@ def test_aqw_dlq_list_and_show_of_a_hostile_entry_exit_0_without_raw_escapes(
 
 
 def good_beat(name: str, now: float) -> dict[str, Any]:
-    return {"worker": name, "queue": "q", "pid": 7, "state": "running", "at": now,
-            "concurrency": 4, "in_flight": 1, "leases": 1,
-            "last_1m": {"processed": 2}, "last_5m": {"processed": 3, "retried": 1},
-            "duration_5m": {"p50": 0.01, "p99": 0.02}, "stuck": [], "errors": [],
-            "runaway": []}  # fmt: skip
+    return {
+        "worker": name,
+        "queue": "q",
+        "pid": 7,
+        "state": "running",
+        "at": now,
+        "concurrency": 4,
+        "in_flight": 1,
+        "leases": 1,
+        "last_1m": {"processed": 2},
+        "last_5m": {"processed": 3, "retried": 1},
+        "duration_5m": {"p50": 0.01, "p99": 0.02},
+        "stuck": [],
+        "errors": [],
+        "runaway": [],
+    }
 
 
 def damaged_beats(now: float) -> dict[str, bytes]:
@@ -288,27 +305,50 @@ def damaged_beats(now: float) -> dict[str, bytes]:
 
 
 def forged_monitor_beat(queue: str, now: float) -> bytes:
-    beat = {"kind": "monitor", "monitor": "forged", "queue": queue, "at": now + 60,
-            "alerts": [{"rule": "x"}], "state": {"baseline": "lots"}}  # fmt: skip
+    beat = {
+        "kind": "monitor",
+        "monitor": "forged",
+        "queue": queue,
+        "at": now + 60,
+        "alerts": [{"rule": "x"}],
+        "state": {"baseline": "lots"},
+    }
     return json.dumps(beat).encode()
 
 
 def damage_commands(queue: str, now: float) -> list[tuple[Any, ...]]:
     """The Redis commands that write the damaged state (heartbeats, stats, job states)."""
     keys = QueueKeys(queue)
-    beats = {**damaged_beats(now), "monitor:forged": forged_monitor_beat(queue, now),
-             "w-good\x1b[2J": json.dumps(good_beat("w-good\x1b[2J", now)).encode()}  # fmt: skip
+    beats = {
+        **damaged_beats(now),
+        "monitor:forged": forged_monitor_beat(queue, now),
+        "w-good\x1b[2J": json.dumps(good_beat("w-good\x1b[2J", now)).encode(),
+    }
     commands: list[tuple[Any, ...]] = []
     for name, value in beats.items():
         commands += [("SET", keys.worker(name), value, "PX", 60_000), ("SADD", keys.workers, name)]
     return [
         *commands,
         ("HSET", keys.stats, "processed", "12", "x", "x", "dead", "1.5"),
-        ("HSET", keys.job_state("j-bad"), "job_id", "j-bad", "worker", "gone", "task", "t",
-         "started_at", "abc", "lease_expires_at", "1e999", "attempt", "one"),
+        (
+            "HSET",
+            keys.job_state("j-bad"),
+            "job_id",
+            "j-bad",
+            "worker",
+            "gone",
+            "task",
+            "t",
+            "started_at",
+            "abc",
+            "lease_expires_at",
+            "1e999",
+            "attempt",
+            "one",
+        ),
         ("ZADD", keys.running, 0, "j-bad", 1, "j-str"),
         ("SET", keys.job_state("j-str"), "not a hash"),
-    ]  # fmt: skip
+    ]
 
 
 async def write_damage(backend: Backend, now: float) -> None:
@@ -329,7 +369,9 @@ async def test_status_leaves_damaged_heartbeats_out_and_names_them(
     problems = status["problems"]
     for name in [*damaged_beats(now), "monitor:forged"]:
         assert any(p.startswith(f"damaged heartbeat from worker {name}:") for p in problems), (
-            name, problems)  # fmt: skip
+            name,
+            problems,
+        )
     assert any("'x'" in p and "stats" in p for p in problems), problems
     assert any("'dead'" in p and "'1.5'" in p for p in problems), problems
     assert status["counters"] == {"processed": 12}
@@ -403,8 +445,13 @@ async def test_status_and_monitor_check_heartbeat_shapes_whatever_the_broker(
     """Not only the Redis broker's reads: status and the monitor check each heartbeat too."""
     broker = MemoryBroker(queue_name)
     now = time.time()
-    stuck = {"job_id": "j\x1b[2J", "task": "t\x1b]0;x\x07", "sla": 1.0, "started_at": now - 100,
-             "worker": "w-good"}  # fmt: skip
+    stuck = {
+        "job_id": "j\x1b[2J",
+        "task": "t\x1b]0;x\x07",
+        "sla": 1.0,
+        "started_at": now - 100,
+        "worker": "w-good",
+    }
     beats = {
         "w-good": {**good_beat("w-good", now), "stuck": [stuck]},
         "w-window": {**good_beat("w-window", now), "last_5m": {"processed": "x"}},

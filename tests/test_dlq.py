@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 import aqw
 from aqw.brokers.memory import MemoryBroker
 from aqw.brokers.redis import RedisBroker
-from tests._helpers import depth, eventually
+from tests._helpers import depth, eventually, publish_raw
 
 pytestmark = pytest.mark.timeout(40)
 
@@ -39,18 +39,6 @@ def make_app(backend: Backend, **broker_options: Any) -> aqw.App:
     app = aqw.App(broker, retry=FAST)
     backend.apps.append(app)  # closed at teardown
     return app
-
-
-async def publish_raw(backend: Backend, app: aqw.App, fields: dict[str, bytes]) -> None:
-    """Write a message as a foreign producer would: a raw XADD, or raw bytes in memory."""
-    if backend.raw is not None:
-        broker = app.broker
-        assert isinstance(broker, RedisBroker)
-        await backend.raw.xadd(broker.keys.stream, fields)  # type: ignore[arg-type]
-    else:
-        broker = app.broker
-        assert isinstance(broker, MemoryBroker)
-        await broker.publish_raw(fields["j"])
 
 
 # -- malformed input ------------------------------------------------------------------------------
@@ -175,8 +163,9 @@ async def test_malformed_input_is_dead_lettered_readably_and_good_jobs_flow(
     async with app.worker(concurrency=8) as worker:
         await eventually(
             lambda: worker.stats.processed == good + 1 and worker.stats.dead == len(expected),
-            30, "every good job done and every bad one dead-lettered",
-        )  # fmt: skip
+            30,
+            "every good job done and every bad one dead-lettered",
+        )
         await asyncio.sleep(0.2)
     assert done == Counter(range(good)), "a good job was lost or run twice"
     assert orders == [Order(sku="fine", qty=1)]

@@ -76,9 +76,14 @@ class Cli:
         if target:
             command += ["--broker", REDIS_URL, "--queue", self.queue]
         return subprocess.run(
-            command, cwd=self.cwd, env={**self.env, **(env or {})}, capture_output=True,
-            text=True, timeout=30, check=False,
-        )  # fmt: skip
+            command,
+            cwd=self.cwd,
+            env={**self.env, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
 
     def ok(self, *args: str, **kwargs: Any) -> str:
         done = self(*args, **kwargs)
@@ -216,8 +221,9 @@ async def test_list_in_a_table_as_json_and_filtered(cli: Cli, produce: Producer)
     assert json.loads(cli.ok("list", "--json", "--task", "nope")) == []
 
     # the same from AQW_BROKER / AQW_QUEUE instead of arguments
-    from_env = cli.ok("list", "--json", target=False,
-                      env={"AQW_BROKER": REDIS_URL, "AQW_QUEUE": cli.queue})  # fmt: skip
+    from_env = cli.ok(
+        "list", "--json", target=False, env={"AQW_BROKER": REDIS_URL, "AQW_QUEUE": cli.queue}
+    )
     assert sorted(i["id"] for i in json.loads(from_env)) == sorted(ids)
     assert len(await produce.app.dlq.list()) == 5  # listing changed nothing
 

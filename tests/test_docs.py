@@ -32,7 +32,7 @@ import yaml
 
 from aqw._redis.keys import QueueKeys
 from aqw.telemetry import METRICS
-from tests._helpers import free_port
+from tests._helpers import moto_server, require_real_redis
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -78,16 +78,32 @@ def _explain(result: subprocess.CompletedProcess[str]) -> str:
 def test_mkdocs_build_strict(tmp_path: Path) -> None:
     site = tmp_path / "site"
     result = _run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
-         "-d", str(site)],
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "-f",
+            str(ROOT / "mkdocs.yml"),
+            "-d",
+            str(site),
+        ],
         timeout=300,
-    )  # fmt: skip
+    )
     assert result.returncode == 0, _explain(result)
-    for page in ("index.html", "quickstart/index.html", "operations/metrics/index.html",
-                 "reference/app/index.html", "design/index.html", "benchmarks/index.html"):
-        assert (site / page).is_file(), f"{page} missing from the built site"  # fmt: skip
-    leftovers = [p for p in site.rglob("*.html") if "--8&lt;--" in p.read_text() or
-                 "--8<--" in p.read_text()]  # fmt: skip
+    for page in (
+        "index.html",
+        "quickstart/index.html",
+        "operations/metrics/index.html",
+        "reference/app/index.html",
+        "design/index.html",
+        "benchmarks/index.html",
+    ):
+        assert (site / page).is_file(), f"{page} missing from the built site"
+    leftovers = [
+        p for p in site.rglob("*.html") if "--8&lt;--" in p.read_text() or "--8<--" in p.read_text()
+    ]
     assert not leftovers, f"snippet markers left unexpanded in {leftovers}"
     api = (site / "reference" / "app" / "index.html").read_text()
     assert "enqueue_many" in api, "the API reference did not render App/Task from docstrings"
@@ -103,9 +119,7 @@ def test_python_blocks_are_included_sample_files() -> None:
             lines = [line for line in body.strip().splitlines() if line.strip()]
             if len(lines) != 1 or not re.fullmatch(r'--8<-- "examples/[\w/.-]+\.py"', lines[0]):
                 offenders.append(f"{page.relative_to(ROOT)}: {body.strip()[:80]!r}")
-    assert not offenders, "Python blocks that are not an included sample:\n" + "\n".join(
-        offenders
-    )
+    assert not offenders, "Python blocks that are not an included sample:\n" + "\n".join(offenders)
 
 
 def test_every_sample_is_shown_and_every_include_exists() -> None:
@@ -124,25 +138,8 @@ def test_every_sample_is_shown_and_every_include_exists() -> None:
 @pytest.fixture(scope="module")
 def moto_endpoint() -> Iterator[str]:
     """An SQS-compatible moto server on loopback for the SQS samples."""
-    from moto import server as server_mod
-    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
-
-
-def _require_redis() -> None:
-    try:
-        client = redis.Redis.from_url(REDIS_URL, socket_timeout=1, socket_connect_timeout=1)
-        try:
-            client.ping()
-        finally:
-            client.close()
-    except redis.RedisError as exc:
-        pytest.fail(f"the real Redis at {REDIS_URL} is not answering PING: {exc!r}", pytrace=False)
+    with moto_server() as endpoint:
+        yield endpoint
 
 
 def _postgres_dsn() -> str:
@@ -162,8 +159,9 @@ def _postgres_dsn() -> str:
             errors.append(f"{user}: {exc!r}")
             continue
         return dsn
-    pytest.fail(f"PostgreSQL on 127.0.0.1:5432 is not answering: {'; '.join(errors)}",
-                pytrace=False)  # fmt: skip
+    pytest.fail(
+        f"PostgreSQL on 127.0.0.1:5432 is not answering: {'; '.join(errors)}", pytrace=False
+    )
 
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=[p.stem for p in SAMPLES])
@@ -171,7 +169,7 @@ def test_sample_runs(sample: Path, request: pytest.FixtureRequest) -> None:
     source = sample.read_text()
     extra: dict[str, str] = {}
     if "AQW_REDIS_URL" in source:
-        _require_redis()
+        require_real_redis()
         extra["AQW_REDIS_URL"] = REDIS_URL
     if "AQW_PG_DSN" in source:
         extra["AQW_PG_DSN"] = _postgres_dsn()
@@ -189,13 +187,24 @@ def test_sample_runs(sample: Path, request: pytest.FixtureRequest) -> None:
 
 def test_quickstart_commands_against_redis() -> None:
     """The quickstart's `aqw enqueue` and `aqw worker --burst` lines, on a private queue."""
-    _require_redis()
+    require_real_redis()
     queue = f"docs-{uuid.uuid4().hex[:8]}"
     target = ["--broker", REDIS_URL, "--queue", queue]
     app = "examples.docs.first_task:app"
     try:
-        enqueued = _run([sys.executable, "-m", "aqw", "enqueue", app, "send_welcome",
-                         '{"email": "ada@example.com"}', *target], timeout=30)  # fmt: skip
+        enqueued = _run(
+            [
+                sys.executable,
+                "-m",
+                "aqw",
+                "enqueue",
+                app,
+                "send_welcome",
+                '{"email": "ada@example.com"}',
+                *target,
+            ],
+            timeout=30,
+        )
         assert enqueued.returncode == 0, _explain(enqueued)
         assert re.fullmatch(r"[0-9a-f]{32}\n", enqueued.stdout), enqueued.stdout
         worked = _run([sys.executable, "-m", "aqw", "worker", app, *target, "--burst"], timeout=60)

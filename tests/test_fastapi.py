@@ -160,11 +160,24 @@ class Server:
         self.log = tmp_path / f"uvicorn-{self.port}.log"
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "uvicorn", "fastapi_app:app",
-                 "--app-dir", str(EXAMPLE.parent), "--host", "127.0.0.1",
-                 "--port", str(self.port), "--log-level", "info"],
-                env=env, stdout=out, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "uvicorn",
+                    "fastapi_app:app",
+                    "--app-dir",
+                    str(EXAMPLE.parent),
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--log-level",
+                    "info",
+                ],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         self.base = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 20
         while True:

@@ -10,97 +10,27 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
 from typing import Any
 
-import fakeredis
 import pytest
-import redis
-from redis.asyncio import Redis
+from conftest import Backend
 
 import aqw
-from aqw.brokers.memory import MemoryBroker
-from aqw.brokers.redis import RedisBroker
 from tests._helpers import eventually
 
 pytestmark = pytest.mark.timeout(60)
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
-KINDS = ["memory", "fakeredis", "redis"]
+
+@pytest.fixture
+def env(backend: Backend) -> Backend:
+    """Apps on one backend (memory, fakeredis, the real Redis) and one queue; ``raw`` is a
+    plain client on the same data (None for the memory broker)."""
+    return backend
 
 
-class Env:
-    """Apps on one backend and one queue; ``raw`` is a plain client on the same data (None
-    for the memory broker)."""
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self.queue = f"t-{uuid.uuid4().hex[:8]}"
-        self.server = fakeredis.FakeServer() if kind == "fakeredis" else None
-        self.apps: list[aqw.App] = []
-        self.clients: list[Redis] = []
-        self.raw: Redis | None = self.client() if kind != "memory" else None
-
-    def client(self) -> Redis:
-        client: Redis
-        if self.kind == "fakeredis":
-            client = fakeredis.FakeAsyncRedis(server=self.server)
-        else:
-            client = Redis.from_url(REDIS_URL)
-        self.clients.append(client)
-        return client
-
-    def app(self, **options: Any) -> aqw.App:
-        broker: aqw.Broker
-        if self.kind == "memory":
-            broker = MemoryBroker(self.queue)
-        else:
-            broker = RedisBroker(self.client(), self.queue)
-        app = aqw.App(broker, **options)
-        self.apps.append(app)
-        return app
-
-    @property
-    def stream(self) -> str:
-        return f"aqw:{{{self.queue}}}:stream"
-
-    async def aclose(self) -> None:
-        for app in self.apps:
-            await app.close()
-        for client in self.clients:
-            await client.aclose()
-        if self.kind == "redis":
-            sync = redis.Redis.from_url(REDIS_URL, socket_timeout=5)
-            try:
-                keys = list(sync.scan_iter(match=f"aqw:{{{self.queue}}}:*", count=1000))
-                for i in range(0, len(keys), 500):
-                    sync.delete(*keys[i : i + 500])
-            finally:
-                sync.close()
-
-
-@pytest.fixture(params=KINDS)
-async def env(request: pytest.FixtureRequest) -> AsyncIterator[Env]:
-    if request.param == "redis":
-        try:
-            client = redis.Redis.from_url(REDIS_URL, socket_timeout=1, socket_connect_timeout=1)
-            try:
-                client.ping()
-            finally:
-                client.close()
-        except redis.RedisError as exc:
-            pytest.fail(
-                f"the real Redis at {REDIS_URL} is not answering PING ({exc!r}); these tests "
-                "need it (CI starts one) and fail rather than skip.",
-                pytrace=False,
-            )
-    e = Env(request.param)
-    try:
-        yield e
-    finally:
-        await e.aclose()
+def stream(env: Backend) -> str:
+    return f"aqw:{{{env.queue}}}:stream"
 
 
 async def idle(app: aqw.App) -> bool:
@@ -122,7 +52,7 @@ def register(app: aqw.App, runs: Counter[str], sleep: float = 0.0) -> aqw.Task[N
 # -- enqueue ---------------------------------------------------------------------------------------
 
 
-async def test_fifty_concurrent_enqueues_with_one_key_make_one_job(env: Env) -> None:
+async def test_fifty_concurrent_enqueues_with_one_key_make_one_job(env: Backend) -> None:
     runs: Counter[str] = Counter()
     producers = [env.app() for _ in range(5)]
     tasks = [register(app, runs) for app in producers]
@@ -147,7 +77,7 @@ async def test_fifty_concurrent_enqueues_with_one_key_make_one_job(env: Env) -> 
     assert await idle(producers[0])
 
 
-async def test_different_keys_and_no_key_are_not_deduplicated(env: Env) -> None:
+async def test_different_keys_and_no_key_are_not_deduplicated(env: Backend) -> None:
     runs: Counter[str] = Counter()
     app = env.app()
     task = register(app, runs)
@@ -159,7 +89,7 @@ async def test_different_keys_and_no_key_are_not_deduplicated(env: Env) -> None:
     assert (await app.broker.depth()).waiting == 6
 
 
-async def test_delay_with_a_key_goes_to_the_delayed_set_once(env: Env) -> None:
+async def test_delay_with_a_key_goes_to_the_delayed_set_once(env: Backend) -> None:
     runs: Counter[str] = Counter()
     app = env.app()
     task = register(app, runs)
@@ -170,7 +100,7 @@ async def test_delay_with_a_key_goes_to_the_delayed_set_once(env: Env) -> None:
     assert (depth.waiting, depth.in_flight, depth.delayed) == (0, 0, 1)
     if env.raw is not None:
         assert await env.raw.zcard(f"aqw:{{{env.queue}}}:delayed") == 1
-        assert await env.raw.xlen(env.stream) == 0
+        assert await env.raw.xlen(stream(env)) == 0
     # a second producer during the delay is a duplicate too, and adds nothing
     late = await task.enqueue(99, key="later", delay=0.1)
     assert late.duplicate and late == firsts[0]
@@ -187,7 +117,7 @@ async def test_delay_with_a_key_goes_to_the_delayed_set_once(env: Env) -> None:
 # -- redelivery of a finished job ----------------------------------------------------------------
 
 
-async def test_a_finished_keyed_job_redelivered_ten_times_runs_once(env: Env) -> None:
+async def test_a_finished_keyed_job_redelivered_ten_times_runs_once(env: Backend) -> None:
     runs: Counter[str] = Counter()
     seen: list[aqw.Job] = []
     app = env.app(lease_ttl=0.5)
@@ -200,7 +130,7 @@ async def test_a_finished_keyed_job_redelivered_ten_times_runs_once(env: Env) ->
     job_id = await once.enqueue(1, key="pay:1")
     original: bytes | None = None
     if env.raw is not None:
-        entries: Any = await env.raw.xrange(env.stream)
+        entries: Any = await env.raw.xrange(stream(env))
         assert len(entries) == 1
         original = entries[0][1][b"j"]
 
@@ -212,7 +142,7 @@ async def test_a_finished_keyed_job_redelivered_ten_times_runs_once(env: Env) ->
             assert await env.raw.get(f"aqw:{{{env.queue}}}:done:pay:1") == job_id.encode()
             pipe = env.raw.pipeline(transaction=False)
             for _ in range(10):  # the same envelope bytes, ten more times
-                pipe.xadd(env.stream, {"j": original})
+                pipe.xadd(stream(env), {"j": original})
             await pipe.execute()
         else:
             await app.broker.publish([seen[0]] * 10)  # the same Job object, ten more times
@@ -225,10 +155,10 @@ async def test_a_finished_keyed_job_redelivered_ten_times_runs_once(env: Env) ->
     assert worker.stats.duplicates_skipped == 10
     assert worker.stats.failed == 0 and worker.stats.dead == 0
     if env.raw is not None:
-        assert await env.raw.xlen(env.stream) == 0
+        assert await env.raw.xlen(stream(env)) == 0
 
 
-async def test_a_copy_delivered_while_the_job_runs_is_not_run_twice(env: Env) -> None:
+async def test_a_copy_delivered_while_the_job_runs_is_not_run_twice(env: Backend) -> None:
     runs: Counter[str] = Counter()
     seen: list[aqw.Job] = []
     app = env.app(lease_ttl=0.5)
@@ -252,7 +182,7 @@ async def test_a_copy_delivered_while_the_job_runs_is_not_run_twice(env: Env) ->
 # -- expiry ----------------------------------------------------------------------------------
 
 
-async def test_the_key_expiring_allows_a_new_job(env: Env) -> None:
+async def test_the_key_expiring_allows_a_new_job(env: Backend) -> None:
     runs: Counter[str] = Counter()
     app = env.app(idempotency_ttl=0.4)
     task = register(app, runs)
@@ -275,7 +205,7 @@ async def test_the_key_expiring_allows_a_new_job(env: Env) -> None:
     assert worker.stats.duplicates_skipped == 0
 
 
-async def test_a_key_accepted_as_new_is_never_silently_skipped(env: Env) -> None:
+async def test_a_key_accepted_as_new_is_never_silently_skipped(env: Backend) -> None:
     runs: Counter[str] = Counter()
     app = env.app(idempotency_ttl=1.0)
     task = register(app, runs, sleep=0.7)

@@ -282,7 +282,7 @@ def test_sqs_options_keep_a_plus_and_pass_the_locks_url_to_redis_py_as_written()
         "&locks=rediss://locks.internal:6380/2?ssl_ca_certs=/etc/a+b/c%2Bd%20e.pem%26db=5"
     )
     assert broker.default_task == "import+users"  # type: ignore[attr-defined]
-    lock_url = broker._lock_url  # type: ignore[attr-defined]
+    lock_url = broker.lock_url  # type: ignore[attr-defined]
     kwargs = redis_kwargs(lock_url)
     assert kwargs["ssl_ca_certs"] == "/etc/a+b/c+d e.pem"
     assert kwargs["db"] == 5

@@ -56,18 +56,31 @@ async def set_waiting(broker: MemoryBroker, n: int) -> None:
         await broker.publish([Job(task="t") for _ in range(n - current)])
     elif n < current:
         for delivery in await broker.fetch(current - n, block=0):
-            assert await broker.ack(delivery, None)
+            assert await broker.ack(delivery, None, None)
     assert (await broker.depth()).waiting == n
 
 
 def beat(worker: str, **fields: Any) -> dict[str, Any]:
     """A worker heartbeat shaped like ``Worker.summary()``."""
     data: dict[str, Any] = {
-        "worker": worker, "queue": "q", "pid": 1, "state": "running", "at": T0,
-        "started_at": T0, "concurrency": 10, "in_flight": 0, "leases": 0, "totals": {},
-        "last_1m": {}, "last_5m": {}, "duration_5m": {"p50": 0.0, "p99": 0.0},
-        "running": [], "stuck": [], "errors": [], "runaway": [],
-    }  # fmt: skip
+        "worker": worker,
+        "queue": "q",
+        "pid": 1,
+        "state": "running",
+        "at": T0,
+        "started_at": T0,
+        "concurrency": 10,
+        "in_flight": 0,
+        "leases": 0,
+        "totals": {},
+        "last_1m": {},
+        "last_5m": {},
+        "duration_5m": {"p50": 0.0, "p99": 0.0},
+        "running": [],
+        "stuck": [],
+        "errors": [],
+        "runaway": [],
+    }
     data.update(fields)
     return data
 
@@ -293,8 +306,14 @@ async def test_monitor_heartbeat_does_not_count_as_a_worker(
 
 
 def stuck_entry(job_id: str, clock: Clock, running_for: float, sla: float = 100) -> dict[str, Any]:
-    return {"job_id": job_id, "task": "slow", "sla": sla, "started_at": clock.t - running_for,
-            "running_for": running_for, "worker": "w0"}  # fmt: skip
+    return {
+        "job_id": job_id,
+        "task": "slow",
+        "sla": sla,
+        "started_at": clock.t - running_for,
+        "running_for": running_for,
+        "worker": "w0",
+    }
 
 
 async def test_stuck_job_fires_and_resolves_when_it_finishes(
@@ -336,17 +355,29 @@ async def test_many_stuck_jobs_are_capped_into_one_more_alert(
     fired = await monitor.evaluate_once()
     # the two already firing stay; the oldest new one gets the last slot; four are counted
     assert sorted(a.key for a in monitor.active_alerts()) == [
-        "stuck_job:j0", "stuck_job:j1", "stuck_job:k4", "stuck_job:more"]  # fmt: skip
+        "stuck_job:j0",
+        "stuck_job:j1",
+        "stuck_job:k4",
+        "stuck_job:more",
+    ]
     more = next(a for a in fired if a.key == "stuck_job:more")
     assert more.details["count"] == 4 and "4 more stuck" in more.summary
     assert sorted(more.details["job_ids"]) == ["k0", "k1", "k2", "k3"]
 
 
 def state(job_id: str, worker: str, started_at: float, lease_expires_at: float) -> dict[str, str]:
-    return {"state": "running", "job_id": job_id, "task": "slow", "attempt": "1",
-            "worker": worker, "started_at": repr(started_at),
-            "lease_expires_at": repr(lease_expires_at), "fencing_token": "7",
-            "progress": "0.0", "message": ""}  # fmt: skip
+    return {
+        "state": "running",
+        "job_id": job_id,
+        "task": "slow",
+        "attempt": "1",
+        "worker": worker,
+        "started_at": repr(started_at),
+        "lease_expires_at": repr(lease_expires_at),
+        "fencing_token": "7",
+        "progress": "0.0",
+        "message": "",
+    }
 
 
 async def test_orphaned_job_of_a_dead_worker_fires_and_resolves(
@@ -601,9 +632,21 @@ async def test_takeover_restores_alerts_and_baseline_without_refiring(
 def test_add_parser_builds_the_monitor_command() -> None:
     parser = argparse.ArgumentParser(prog="aqw")
     add_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["monitor", "--broker", "memory://", "--queue", "q",
-                              "--webhook", "http://a/", "--webhook", "http://b/",
-                              "--interval", "2"])  # fmt: skip
+    args = parser.parse_args(
+        [
+            "monitor",
+            "--broker",
+            "memory://",
+            "--queue",
+            "q",
+            "--webhook",
+            "http://a/",
+            "--webhook",
+            "http://b/",
+            "--interval",
+            "2",
+        ]
+    )
     assert (args.command, args.broker, args.queue) == ("monitor", "memory://", "q")
     assert (args.webhook, args.interval) == (["http://a/", "http://b/"], 2.0)
 
@@ -630,10 +673,25 @@ async def test_aqw_monitor_runs_until_sigterm_and_posts_to_the_webhook(
         await publish_windows(broker, (50, 10, 0))
         proc = await asyncio.to_thread(
             subprocess.Popen,
-            [sys.executable, "-c", CLI, "monitor", "--broker", REDIS_URL, "--queue", queue_name,
-             "--interval", "0.1", "--webhook", url],
-            env=subprocess_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-c",
+                CLI,
+                "monitor",
+                "--broker",
+                REDIS_URL,
+                "--queue",
+                queue_name,
+                "--interval",
+                "0.1",
+                "--webhook",
+                url,
+            ],
+            env=subprocess_env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         try:
             await eventually(lambda: len(received) >= 1, 20, "the webhook POST")
             assert received[0]["body"]["status"] == "firing"
@@ -682,13 +740,17 @@ def test_prometheus_rules_parse_and_name_real_metrics(repo_root: Path) -> None:
     import re
 
     import yaml
+
     doc = yaml.safe_load((repo_root / "docs/alerts/prometheus-rules.yml").read_text())
     rules = [rule for group in doc["groups"] for rule in group["rules"]]
     alerts = {r["alert"]: r for r in rules if "alert" in r}
     recorded = {r["record"] for r in rules if "record" in r}
     assert set(alerts) >= {"AqwQueueDepthAboveBaseline", "AqwRetryRateHigh", "AqwJobStuck"}
     assert {r["labels"]["rule"] for r in alerts.values()} == {
-        "queue_depth", "retry_rate", "stuck_job"}  # fmt: skip
+        "queue_depth",
+        "retry_rate",
+        "stuck_job",
+    }
     assert alerts["AqwQueueDepthAboveBaseline"]["for"] == "10m"
     assert "1.5 * aqw:queue_depth:baseline_1d" in alerts["AqwQueueDepthAboveBaseline"]["expr"]
     retry = alerts["AqwRetryRateHigh"]["expr"]

@@ -39,8 +39,10 @@ def test_every_aqw_command_in_the_readme_is_accepted() -> None:
         command = words[1] if words[1] != "dlq" else "dlq " + words[2]
         result = subprocess.run(
             [sys.executable, "-m", "aqw", *command.split(), "--help"],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert result.returncode == 0, result.stderr
         for option in (w for w in words if w.startswith("--")):
             assert option in result.stdout, f"`aqw {command}` has no {option}"

@@ -19,10 +19,10 @@ from conftest import Backend
 from aqw._redis import scripts as _scripts
 from aqw._redis.keys import GROUP
 from aqw.brokers.base import Broker, Delivery, Failure
-from aqw.brokers.memory import MemoryBroker
 from aqw.brokers.redis import RedisBroker
 from aqw.job import Job
 from aqw.lease import Lease
+from tests._helpers import publish_raw
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -86,15 +86,6 @@ async def reclaim_when_due(
         if got or time.monotonic() > deadline:
             return got
         await asyncio.sleep(0.02)
-
-
-async def publish_raw(backend: Backend, broker: Broker, fields: dict[str, bytes]) -> None:
-    """Append a stream entry with exactly ``fields`` (the memory broker keeps only ``j``)."""
-    if isinstance(broker, MemoryBroker):
-        await broker.publish_raw(fields["j"])
-        return
-    assert isinstance(broker, RedisBroker) and backend.raw is not None
-    await backend.raw.xadd(broker.keys.stream, dict(fields))
 
 
 # -- reclaim by the job's own lease TTL --------------------------------------------------------
@@ -268,8 +259,12 @@ async def take_lease(broker: Broker, job: Job, ttl: float) -> Lease:
 async def outcome(broker: Broker) -> dict[str, Any]:
     d = await broker.depth()
     stats = await broker.stats()
-    return {"in_flight": d.in_flight, "delayed": d.delayed, "dead": d.dead,
-            "settled": sum(stats.get(k, 0) for k in ("processed", "retried", "dead"))}  # fmt: skip
+    return {
+        "in_flight": d.in_flight,
+        "delayed": d.delayed,
+        "dead": d.dead,
+        "settled": sum(stats.get(k, 0) for k in ("processed", "retried", "dead")),
+    }
 
 
 SETTLED = {
@@ -352,10 +347,19 @@ async def test_the_reclaim_script_checks_the_lease_and_idle_time_atomically(
         await raw.set(broker.job_lease_key(jobs[0]), "held", px=60_000)
         script = _scripts.load("reclaim")
         keys = [k.stream, *(broker.job_lease_key(j) for j in jobs)]
-        argv: list[Any] = [GROUP, "b",
-                           taken[0].id, 100, 1,      # idle enough, but its lease is held
-                           taken[1].id, 60_000, 1,   # lease free, not idle for 60 s
-                           taken[2].id, 100, 1]  # fmt: skip
+        argv: list[Any] = [
+            GROUP,
+            "b",
+            taken[0].id,
+            100,
+            1,  # idle enough, but its lease is held
+            taken[1].id,
+            60_000,
+            1,  # lease free, not idle for 60 s
+            taken[2].id,
+            100,
+            1,
+        ]
         reply = await script(raw, keys, argv)
         assert [(e.decode(), int(n)) for e, n in reply] == [(taken[2].id, 2)]
         pending = await raw.xpending_range(k.stream, GROUP, "-", "+", 10)

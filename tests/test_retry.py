@@ -21,8 +21,7 @@ from conftest import Backend
 from pydantic import BaseModel, ValidationError
 
 import aqw
-from aqw.brokers.redis import RedisBroker
-from tests._helpers import depth, eventually
+from tests._helpers import assert_stream_empty, depth, eventually
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -48,16 +47,6 @@ async def run_until(
         await eventually(lambda: done(worker), within, what)
         await asyncio.sleep(settle)
     return worker
-
-
-async def assert_stream_empty(backend: Backend, app: aqw.App) -> None:
-    if backend.raw is None:
-        return
-    broker = app.broker
-    assert isinstance(broker, RedisBroker)
-    assert await backend.raw.xlen(broker.keys.stream) == 0
-    assert (await backend.raw.xpending(broker.keys.stream, "aqw"))["pending"] == 0
-    assert await backend.raw.zcard(broker.keys.delayed) == 0
 
 
 # -- the policy: full-jitter exponential backoff --------------------------------------------------
@@ -230,7 +219,7 @@ async def test_a_job_failing_forever_runs_max_retries_plus_one_times(
     assert stats.get("dead") == 1
     assert stats.get("processed", 0) == 0
     assert await depth(app) == (0, 0, 0, 1)
-    await assert_stream_empty(backend, app)
+    await assert_stream_empty(backend, app, delayed=True)
 
 
 async def test_the_worker_waits_the_policy_delay_between_runs(backend: Backend) -> None:
@@ -309,7 +298,7 @@ async def test_retry_with_a_delay_reruns_after_the_delay(backend: Backend) -> No
     assert 0.2 <= starts[1] - starts[0] < 0.35, starts[1] - starts[0]
     assert (worker.stats.retried, worker.stats.processed, worker.stats.dead) == (1, 1, 0)
     assert await depth(app) == (0, 0, 0, 0)
-    await assert_stream_empty(backend, app)
+    await assert_stream_empty(backend, app, delayed=True)
 
 
 async def test_retry_counts_against_max_retries(backend: Backend) -> None:
@@ -375,7 +364,7 @@ async def test_a_timed_out_handler_is_retried_and_never_acked(backend: Backend) 
     assert (d.error_type, d.attempts) == ("JobTimeout", 3)
     assert "ran longer than its timeout of 0.1s" in d.error
     assert await depth(app) == (0, 0, 0, 1)
-    await assert_stream_empty(backend, app)
+    await assert_stream_empty(backend, app, delayed=True)
 
 
 async def test_ctx_attempt_counts_1_2_3_and_the_job_keeps_its_id(backend: Backend) -> None:
@@ -395,7 +384,7 @@ async def test_ctx_attempt_counts_1_2_3_and_the_job_keeps_its_id(backend: Backen
     stats = await app.broker.stats()
     assert (stats.get("retried"), stats.get("processed"), stats.get("dead", 0)) == (2, 1, 0)
     assert await depth(app) == (0, 0, 0, 0)
-    await assert_stream_empty(backend, app)
+    await assert_stream_empty(backend, app, delayed=True)
 
 
 async def test_a_validation_error_at_enqueue_is_not_a_retry(backend: Backend) -> None:

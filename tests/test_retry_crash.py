@@ -86,8 +86,10 @@ async def test_a_worker_killed_mid_settle_loses_and_duplicates_nothing(
     log = (tmp_path / "worker.log").open("w")
     proc = subprocess.Popen(  # noqa: ASYNC220 - killed with SIGKILL below
         [sys.executable, str(SCRIPT), queue_name, str(marker), mode, str(LEASE_TTL)],
-        env=subprocess_env, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        env=subprocess_env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 20
         while not marker.exists():
@@ -176,8 +178,12 @@ async def test_a_worker_killed_mid_settle_loses_and_duplicates_nothing(
     completed = stats.get("processed", 0)
     assert completed + len(dead) == 1, "the job must end exactly once: completed or dead"
     assert await queue_state(raw, keys) == {
-        "stream": 0, "pending": 0, "delayed": 0, "dlq": len(dead), "leases": 0,
-    }  # fmt: skip
+        "stream": 0,
+        "pending": 0,
+        "delayed": 0,
+        "dlq": len(dead),
+        "leases": 0,
+    }
 
 
 # -- the settle steps, one script at a time --------------------------------------------------------
@@ -214,9 +220,28 @@ class Stage:
         self, token: str = "tok", limit: int = 100, entry: str | None = None
     ) -> Any:
         k = self.keys
-        fields = ["j", self.job.encode(), "task", "t", "job_id", self.job.id,
-                  "error_type", "ValueError", "error", "ValueError: no", "tb", "",
-                  "attempts", 1, "first", "1.0", "last", "2.0", "worker", "w1"]  # fmt: skip
+        fields = [
+            "j",
+            self.job.encode(),
+            "task",
+            "t",
+            "job_id",
+            self.job.id,
+            "error_type",
+            "ValueError",
+            "error",
+            "ValueError: no",
+            "tb",
+            "",
+            "attempts",
+            1,
+            "first",
+            "1.0",
+            "last",
+            "2.0",
+            "worker",
+            "w1",
+        ]
         return await _scripts.load("dead_letter")(
             self.client,
             [k.stream, k.dlq, k.lease(self.job.id), k.stats],
@@ -270,8 +295,13 @@ async def test_retry_step_moves_everything_in_one_step(
     assert await s.state() == UNTOUCHED
     assert await s.retry(due_ms=1234) == 1
     assert await s.state() == {
-        "stream": 0, "pending": 0, "delayed": 1, "dlq": 0, "lease": None, "stats": {"retried": 1},
-    }  # fmt: skip
+        "stream": 0,
+        "pending": 0,
+        "delayed": 1,
+        "dlq": 0,
+        "lease": None,
+        "stats": {"retried": 1},
+    }
     [(member, score)] = await s.client.zrange(s.keys.delayed, 0, -1, withscores=True)
     nxt = aqw.Job.decode(member)
     assert (nxt.id, nxt.attempt, nxt.payload, score) == (s.job.id, 2, {"n": 1}, 1234)
@@ -302,8 +332,13 @@ async def test_dead_letter_step_moves_everything_in_one_step(
     entry = await s.dead_letter()
     assert entry
     assert await s.state() == {
-        "stream": 0, "pending": 0, "delayed": 0, "dlq": 1, "lease": None, "stats": {"dead": 1},
-    }  # fmt: skip
+        "stream": 0,
+        "pending": 0,
+        "delayed": 0,
+        "dlq": 1,
+        "lease": None,
+        "stats": {"dead": 1},
+    }
     [(dlq_id, fields)] = await s.client.xrange(s.keys.dlq)
     assert dlq_id == entry
     f = {k.decode(): v.decode() for k, v in fields.items()}
@@ -383,8 +418,13 @@ async def test_an_ex_holders_late_step_after_another_settled_changes_nothing(
     result = await (s.retry() if step == "retry" else s.dead_letter())
     assert result in (0, None)
     assert await s.state() == {
-        "stream": 0, "pending": 0, "delayed": 0, "dlq": 0, "lease": None, "stats": {},
-    }  # fmt: skip
+        "stream": 0,
+        "pending": 0,
+        "delayed": 0,
+        "dlq": 0,
+        "lease": None,
+        "stats": {},
+    }
 
 
 async def test_a_lost_reply_to_the_retry_step_does_not_run_the_next_attempt_twice(
@@ -483,8 +523,10 @@ async def test_a_stopping_worker_leaves_no_fetched_entry_behind(
             await stopping
             pending = await raw.xpending_range(keys.stream, GROUP, "-", "+", 10)
             if pending:
-                stranded = [{k: (v.decode() if isinstance(v, bytes) else v) for k, v in p.items()}
-                            for p in pending]  # fmt: skip
+                stranded = [
+                    {k: (v.decode() if isinstance(v, bytes) else v) for k, v in p.items()}
+                    for p in pending
+                ]
                 break
             await raw.delete(keys.stream)  # the entry waits unread: start the next round clean
     finally:

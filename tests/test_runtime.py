@@ -6,11 +6,9 @@ Counts are exact: a job done twice, a job lost, an ack that should not have happ
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -22,45 +20,18 @@ import aqw
 from aqw._redis import scripts as _scripts
 from aqw.brokers.memory import MemoryBroker
 from aqw.brokers.redis import RedisBroker
-from tests._helpers import depth, eventually
+from tests._helpers import (
+    assert_stream_empty,
+    depth,
+    eventually,
+    run_burst,
+    running,
+    stop_all,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
 FAST_RETRY = aqw.RetryPolicy(max_retries=3, base=0.01, cap=0.02)
-
-
-async def stop_all(*workers: aqw.Worker, within: float = 20.0) -> None:
-    """Stop workers, failing clearly (not by the test timeout) if a stop hangs."""
-    try:
-        await asyncio.wait_for(asyncio.gather(*(w.stop() for w in workers)), within)
-    except TimeoutError:
-        raise AssertionError(f"Worker.stop() did not return within {within}s") from None
-
-
-@contextlib.asynccontextmanager
-async def running(worker: aqw.Worker) -> AsyncIterator[aqw.Worker]:
-    """Like ``async with worker:``, with a bounded stop."""
-    await worker.start()
-    try:
-        yield worker
-    finally:
-        await stop_all(worker)
-
-
-async def run_burst(app: aqw.App, within: float = 20.0, **options: Any) -> aqw.Worker:
-    worker = app.worker(burst=True, **options)
-    await asyncio.wait_for(worker.run(), within)
-    assert worker.state == "stopped"
-    return worker
-
-
-async def assert_stream_empty(backend: Backend, app: aqw.App) -> None:
-    if backend.raw is None:
-        return
-    broker = app.broker
-    assert isinstance(broker, RedisBroker)
-    assert await backend.raw.xlen(broker.keys.stream) == 0
-    assert (await backend.raw.xpending(broker.keys.stream, "aqw"))["pending"] == 0
 
 
 # -- throughput and exactly-once under concurrency ----------------------------------------------
@@ -437,16 +408,21 @@ async def test_malformed_messages_are_dead_lettered_and_good_jobs_flow(backend: 
         "not an object": (b"[1, 2, 3]", "MalformedJob", "invalid job envelope"),
         "no task": (b'{"v": 1, "id": "x1"}', "MalformedJob", "task: Field required"),
         "unknown task": (
-            aqw.Job(task="nope", payload=1).encode(), "UnknownTask", "unknown task 'nope'"
+            aqw.Job(task="nope", payload=1).encode(),
+            "UnknownTask",
+            "unknown task 'nope'",
         ),
         "wrong payload": (
-            aqw.Job(task="work", payload={"n": [1]}).encode(), "ValidationError",
+            aqw.Job(task="work", payload={"n": [1]}).encode(),
+            "ValidationError",
             "payload failed validation",
         ),
         "newer envelope": (
-            b'{"v": 2, "task": "work", "payload": 1}', "MalformedJob", "invalid job envelope"
+            b'{"v": 2, "task": "work", "payload": 1}',
+            "MalformedJob",
+            "invalid job envelope",
         ),
-    }  # fmt: skip
+    }
     await app.broker.connect()
     for i in range(60):
         if i % 8 == 5:

@@ -31,7 +31,7 @@ import aqw
 from aqw.brokers.memory import MemoryBroker
 from aqw.brokers.redis import RedisBroker
 from aqw.idempotency import SqlCompletionStore, context_effect
-from tests._helpers import eventually
+from tests._helpers import eventually, require_real_redis
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -62,17 +62,6 @@ async def _find_dsn() -> str:
         "(CI starts one); they fail rather than skip.",
         pytrace=False,
     )
-
-
-def _require_redis() -> None:
-    try:
-        client = redis.Redis.from_url(REDIS_URL, socket_timeout=1, socket_connect_timeout=1)
-        try:
-            client.ping()
-        finally:
-            client.close()
-    except redis.RedisError as exc:
-        pytest.fail(f"the real Redis at {REDIS_URL} is not answering PING: {exc!r}", pytrace=False)
 
 
 @pytest.fixture
@@ -128,7 +117,7 @@ async def sql(dsn: str) -> AsyncIterator[Sql]:
 @pytest.fixture
 def queue() -> Iterator[str]:
     """A unique queue name on the real Redis; its ``aqw:{queue}:*`` keys go at the end."""
-    _require_redis()
+    require_real_redis()
     name = f"t-{uuid.uuid4().hex[:8]}"
     yield name
     client = redis.Redis.from_url(REDIS_URL, socket_timeout=5)
@@ -440,18 +429,32 @@ async def test_a_lease_paused_past_its_ttl_cannot_commit(sql: Sql, queue: str) -
         b = aqw.Lease(client, key, ttl=5.0)
         async with b:
             assert b.fencing_token > a.fencing_token
-            async with sql.conn.transaction(), sql.store.effect(
-                sql.conn, queue=queue, key="order-1", job_id="job",
-                fencing_token=b.fencing_token, lease=b,
-            ) as first_time:  # fmt: skip
+            async with (
+                sql.conn.transaction(),
+                sql.store.effect(
+                    sql.conn,
+                    queue=queue,
+                    key="order-1",
+                    job_id="job",
+                    fencing_token=b.fencing_token,
+                    lease=b,
+                ) as first_time,
+            ):
                 assert first_time
                 await sql.write_effect(sql.conn, "job", "order-1", "B")
         for lease in (a, None):  # A's own Lease object, or only its token (fence check)
             with pytest.raises(aqw.LeaseLost):
-                async with sql.conn.transaction(), sql.store.effect(
-                    sql.conn, queue=queue, key="order-1", job_id="job",
-                    fencing_token=a.fencing_token, lease=lease,
-                ) as first_time:  # fmt: skip
+                async with (
+                    sql.conn.transaction(),
+                    sql.store.effect(
+                        sql.conn,
+                        queue=queue,
+                        key="order-1",
+                        job_id="job",
+                        fencing_token=a.fencing_token,
+                        lease=lease,
+                    ) as first_time,
+                ):
                     await sql.write_effect(sql.conn, "job", "order-1", "A")
         rows = await sql.conn.fetch(f"SELECT writer FROM {sql.effects}")
         assert [r["writer"] for r in rows] == ["B"]
@@ -473,16 +476,27 @@ async def test_a_lease_past_its_ttl_cannot_commit_before_the_new_holder_writes(
         await asyncio.sleep(0.4)
         async with aqw.Lease(client, key, ttl=5.0) as b:
             with pytest.raises(aqw.LeaseLost, match="past its confirmed expiry"):
-                async with sql.conn.transaction(), sql.store.effect(
-                    sql.conn, queue=queue, key="order-2", job_id="job",
-                    fencing_token=a.fencing_token, lease=a,
-                ):  # fmt: skip
+                async with (
+                    sql.conn.transaction(),
+                    sql.store.effect(
+                        sql.conn,
+                        queue=queue,
+                        key="order-2",
+                        job_id="job",
+                        fencing_token=a.fencing_token,
+                        lease=a,
+                    ),
+                ):
                     await sql.write_effect(sql.conn, "job", "order-2", "A")
             assert await sql.effect_rows() == []
             async with sql.store.effect(
-                sql.conn, queue=queue, key="order-2", job_id="job",
-                fencing_token=b.fencing_token, lease=b,
-            ) as first_time:  # fmt: skip
+                sql.conn,
+                queue=queue,
+                key="order-2",
+                job_id="job",
+                fencing_token=b.fencing_token,
+                lease=b,
+            ) as first_time:
                 assert first_time
                 await sql.write_effect(sql.conn, "job", "order-2", "B")
         assert await sql.effect_rows() == [("job", "order-2")]
@@ -500,9 +514,13 @@ async def test_a_lease_lost_inside_the_block_keeps_nothing(sql: Sql, queue: str)
         with pytest.raises(aqw.LeaseLost):
             async with aqw.Lease(client, key, ttl=0.3) as a, sql.conn.transaction():
                 effect = sql.store.effect(
-                    sql.conn, queue=queue, key="order-3", job_id="job",
-                    fencing_token=a.fencing_token, lease=a,
-                )  # fmt: skip
+                    sql.conn,
+                    queue=queue,
+                    key="order-3",
+                    job_id="job",
+                    fencing_token=a.fencing_token,
+                    lease=a,
+                )
                 async with effect as first_time:
                     assert first_time
                     await sql.write_effect(sql.conn, "job", "order-3", "A")
@@ -555,13 +573,21 @@ def _start_crasher(queue: str, sql: Sql, lease_ttl: float) -> subprocess.Popen[s
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parent), env.get("PYTHONPATH")]))
     return subprocess.Popen(
-        [sys.executable, str(HERE / "sql_worker.py"), REDIS_URL, queue, sql.dsn,
-         sql.store.table, sql.effects, str(lease_ttl)],
+        [
+            sys.executable,
+            str(HERE / "sql_worker.py"),
+            REDIS_URL,
+            queue,
+            sql.dsn,
+            sql.store.table,
+            sql.effects,
+            str(lease_ttl),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=env,
-    )  # fmt: skip
+    )
 
 
 def _kill(proc: subprocess.Popen[str]) -> str:

@@ -2,8 +2,8 @@
 client; worker sums that leave the monitor's heartbeat out; merged error fingerprints; one
 job's state; ``--watch``.
 
-The CLI wiring lives in ``aqw/cli.py``; these tests call :func:`aqw.status.run` with the
-arguments ``aqw status`` parses, through :func:`aqw.status.add_parser`.
+The CLI wiring lives in ``aqw/cli/_status.py``; these tests call :func:`aqw.cli._status.run`
+with the arguments ``aqw status`` parses, through :func:`aqw.cli._status.add_parser`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +26,11 @@ from conftest import REDIS_URL
 import aqw
 from aqw.brokers.memory import MemoryBroker
 from aqw.brokers.redis import RedisBroker
+from aqw.cli._status import add_parser, run
 from aqw.monitor import CallbackSink, Monitor
-from aqw.status import add_parser, gather_status, render, run
+from aqw.status import gather_status, render
 from aqw.worker import Worker
+from tests._helpers import eventually
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -44,19 +45,6 @@ async def status_json(capsys: pytest.CaptureFixture[str], queue: str) -> dict[st
     assert await run(status_args("--broker", REDIS_URL, "--queue", queue, "--json")) == 0
     data: dict[str, Any] = json.loads(capsys.readouterr().out)
     return data
-
-
-async def eventually(pred: Callable[[], Any], within: float, what: str) -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        value = pred()
-        if isinstance(value, Awaitable):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def build_app(broker: str | aqw.Broker, queue: str) -> aqw.App:
@@ -102,8 +90,11 @@ async def test_status_json_reports_a_live_workers_numbers(
     try:
         await enqueue_mix(app)
         async with Worker(app, heartbeat=0.2, concurrency=8) as worker:
-            await eventually(lambda: worker.stats.processed == 14 and worker.stats.dead == 5, 20,
-                             "the worker to settle the jobs")  # fmt: skip
+            await eventually(
+                lambda: worker.stats.processed == 14 and worker.stats.dead == 5,
+                20,
+                "the worker to settle the jobs",
+            )
 
             async def settled() -> dict[str, Any] | None:
                 s = await status_json(capsys, queue_name)
@@ -176,10 +167,24 @@ async def test_status_reads_a_worker_process_heartbeat(
         await enqueue_mix(producer)
         proc = await asyncio.to_thread(
             subprocess.Popen,
-            [sys.executable, "-m", "aqw", "worker", "status_app:app", "--broker", REDIS_URL,
-             "--queue", queue_name, "--concurrency", "4"],
-            cwd=tmp_path, env=subprocess_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "aqw",
+                "worker",
+                "status_app:app",
+                "--broker",
+                REDIS_URL,
+                "--queue",
+                queue_name,
+                "--concurrency",
+                "4",
+            ],
+            cwd=tmp_path,
+            env=subprocess_env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         try:
 
             async def settled() -> dict[str, Any] | None:
@@ -212,19 +217,48 @@ async def test_sums_leave_the_monitor_out_and_errors_merge_by_fingerprint(
     broker = MemoryBroker(queue_name)
     now = time.time()
 
-    def beat(name: str, processed: int, retried: int, p50: float, p99: float,
-             errors: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:  # fmt: skip
-        return {"worker": name, "pid": 1, "state": "running", "at": now, "concurrency": 10,
-                "in_flight": 2, "leases": 2, "last_1m": {"processed": processed // 2},
-                "last_5m": {"processed": processed, "retried": retried, "failed": retried},
-                "duration_5m": {"p50": p50, "p99": p99}, "errors": errors, **extra}  # fmt: skip
+    def beat(
+        name: str,
+        processed: int,
+        retried: int,
+        p50: float,
+        p99: float,
+        errors: list[dict[str, Any]],
+        **extra: Any,
+    ) -> dict[str, Any]:
+        return {
+            "worker": name,
+            "pid": 1,
+            "state": "running",
+            "at": now,
+            "concurrency": 10,
+            "in_flight": 2,
+            "leases": 2,
+            "last_1m": {"processed": processed // 2},
+            "last_5m": {"processed": processed, "retried": retried, "failed": retried},
+            "duration_5m": {"p50": p50, "p99": p99},
+            "errors": errors,
+            **extra,
+        }
 
     def err(fp: str, count: int, last_seen: float, message: str) -> dict[str, Any]:
-        return {"fingerprint": fp, "error_type": "KeyError", "message": message, "task": "t",
-                "count": count, "last_seen": last_seen}  # fmt: skip
+        return {
+            "fingerprint": fp,
+            "error_type": "KeyError",
+            "message": message,
+            "task": "t",
+            "count": count,
+            "last_seen": last_seen,
+        }
 
-    stuck = {"job_id": "j1", "task": "t", "sla": 1.0, "started_at": now - 5, "running_for": 5.0,
-             "worker": "w1"}  # fmt: skip
+    stuck = {
+        "job_id": "j1",
+        "task": "t",
+        "sla": 1.0,
+        "started_at": now - 5,
+        "running_for": 5.0,
+        "worker": "w1",
+    }
     errors = [err("aa", 3, now - 9, "old"), err("bb", 1, now, "b")]
     w1 = beat("w1", 80, 10, 0.010, 0.200, errors, stuck=[stuck], runaway=["t"])
     await broker.publish_heartbeat("w1", w1, 60)
@@ -242,7 +276,9 @@ async def test_sums_leave_the_monitor_out_and_errors_merge_by_fingerprint(
     assert (status["concurrency"], status["in_flight"], status["leases"]) == (20, 4, 4)
     assert status["duration_5m"] == {"p50": 0.030, "p99": 0.200}  # the slowest worker's
     assert [(e["fingerprint"], e["count"], e["message"]) for e in status["errors"]] == [
-        ("aa", 7, "new"), ("bb", 1, "b")]  # fmt: skip
+        ("aa", 7, "new"),
+        ("bb", 1, "b"),
+    ]
     assert status["stuck"] == [stuck] and status["runaway"] == ["t"]
     assert [a["rule"] for a in status["alerts"]] == ["retry_rate", "stuck_job"]
     assert status["monitor"]["name"] == monitor.name

@@ -90,8 +90,11 @@ class Supervised:
         self.lines: list[str] = []
         self.proc = subprocess.Popen(
             [sys.executable, "-c", SUPERVISE, str(processes), repr(opts), *argv],
-            cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )  # fmt: skip
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -265,8 +268,11 @@ def test_a_crash_loop_is_given_up(supervise: Callable[..., Supervised]) -> None:
 def test_workers_do_not_outlive_a_killed_supervisor(supervise: Callable[..., Supervised]) -> None:
     sup = supervise(2, *WORKER)
     pids = sup.wait_started(2)
-    wait_for(lambda: "worker" in sup.log and sup.log.count("started: queue=") >= 2, 20,
-             f"the workers to run\n{sup.log}")  # fmt: skip
+    wait_for(
+        lambda: "worker" in sup.log and sup.log.count("started: queue=") >= 2,
+        20,
+        f"the workers to run\n{sup.log}",
+    )
     sup.proc.kill()
     sup.proc.wait(10)
     wait_for(lambda: not any(alive(pid) for pid in pids.values()), 15, "the orphans to stop")
@@ -278,10 +284,29 @@ def test_worker_argv_drops_processes_and_keeps_the_rest() -> None:
     from aqw.cli.supervisor import worker_argv
 
     args = argparse.Namespace(
-        log_level="DEBUG", command="worker", app="pkg.jobs:app", broker=None, queue="q",
-        concurrency=64, prefetch=0, grace=12.5, burst=True, processes=4,
-    )  # fmt: skip
+        log_level="DEBUG",
+        command="worker",
+        app="pkg.jobs:app",
+        broker=None,
+        queue="q",
+        concurrency=64,
+        prefetch=0,
+        grace=12.5,
+        burst=True,
+        processes=4,
+    )
     assert worker_argv(args) == [
-        "--log-level", "DEBUG", "worker", "pkg.jobs:app", "--queue", "q",
-        "--concurrency", "64", "--prefetch", "0", "--grace", "12.5", "--burst",
-    ]  # fmt: skip
+        "--log-level",
+        "DEBUG",
+        "worker",
+        "pkg.jobs:app",
+        "--queue",
+        "q",
+        "--concurrency",
+        "64",
+        "--prefetch",
+        "0",
+        "--grace",
+        "12.5",
+        "--burst",
+    ]

@@ -8,13 +8,12 @@ the global ones (inside its own process, through ``aqw worker``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import re
 import sys
 import textwrap
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +32,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 import aqw
 import aqw.telemetry
 from aqw.brokers.memory import MemoryBroker
-from aqw.brokers.redis import RedisBroker
-from tests._helpers import eventually
+from tests._helpers import eventually, publish_raw, run_burst, running
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.filterwarnings("error")]
 
@@ -59,7 +57,7 @@ def new_meter_provider() -> tuple[MeterProvider, InMemoryMetricReader]:
         reader = InMemoryMetricReader()
         provider = MeterProvider(metric_readers=[reader])
         _ALIVE.append(provider)
-        if id(provider) not in aqw.telemetry._INSTRUMENTS:
+        if id(provider) not in aqw.telemetry._instruments.INSTRUMENTS:
             return provider, reader
         provider.shutdown()  # a recycled address (the aqw bug above): take another
 
@@ -134,36 +132,6 @@ def per_task(
         assert task not in out, f"{name}: two points for task {task!r}"
         out[task] = point.count if hasattr(point, "count") else point.value
     return out
-
-
-# -- running workers ---------------------------------------------------------------------------
-
-
-async def run_burst(app: aqw.App, within: float = 20.0, **options: Any) -> aqw.Worker:
-    worker = app.worker(burst=True, **options)
-    await asyncio.wait_for(worker.run(), within)
-    assert worker.state == "stopped"
-    return worker
-
-
-@contextlib.asynccontextmanager
-async def running(worker: aqw.Worker) -> AsyncIterator[aqw.Worker]:
-    """``async with worker:`` with a bounded stop."""
-    await worker.start()
-    try:
-        yield worker
-    finally:
-        await asyncio.wait_for(worker.stop(), 20)
-
-
-async def publish_raw(backend: Backend, app: aqw.App, raw: bytes) -> None:
-    await app.broker.connect()
-    if backend.raw is not None:
-        assert isinstance(app.broker, RedisBroker)
-        await backend.raw.xadd(app.broker.keys.stream, {"j": raw})
-    else:
-        assert isinstance(app.broker, MemoryBroker)
-        await app.broker.publish_raw(raw)
 
 
 # -- spans -------------------------------------------------------------------------------------
@@ -447,6 +415,7 @@ async def test_dead_lettered_jobs_carry_the_reason_and_a_malformed_message_crash
 
     rejected = await reject.enqueue()
     exhausted = await doomed.enqueue()
+    await app.broker.connect()
     await publish_raw(backend, app, b"this is not json")
     ok = await fine.enqueue()
     worker = await run_burst(app)
@@ -891,7 +860,7 @@ async def test_a_job_past_twice_its_sla_is_reported_stuck_once(
 
 
 async def test_a_new_meter_provider_never_inherits_a_collected_ones_instruments() -> None:
-    cache = getattr(aqw.telemetry, "_INSTRUMENTS", {})
+    cache = getattr(aqw.telemetry._instruments, "INSTRUMENTS", {})
     cached = dict(cache)
     try:
         await _make_and_drop_meter_providers(200, cache, len(cached))
@@ -907,9 +876,11 @@ async def _make_and_drop_meter_providers(count: int, cache: Any, cached: int) ->
         tel = aqw.Telemetry(f"q{i}", "memory", meter_provider=provider)
         tel.count("aqw.jobs.processed", "work")
         data = reader.get_metrics_data()
-        names = [
-            m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
-        ] if data is not None else []  # fmt: skip
+        names = (
+            [m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics]
+            if data is not None
+            else []
+        )
         assert "aqw.jobs.processed" in names, f"provider #{i} recorded nothing"
         provider.shutdown()
         del provider, reader, tel
@@ -945,7 +916,7 @@ async def test_with_the_default_proxy_providers_telemetry_is_off_and_jobs_run(
     assert all("traceparent" not in h for h in headers), "no trace context without tracing"
     assert worker.tel is app.telemetry
     assert aqw.telemetry.Telemetry("q", "memory").job(aqw.Job(task="t")) is (
-        aqw.telemetry._NO_TRACE
+        aqw.telemetry._job_trace.NO_TRACE
     )
 
 
@@ -1005,11 +976,21 @@ async def test_aqw_worker_exports_spans_and_metrics_over_otlp_http(
             OTEL_SERVICE_NAME=f"aqw-test-{q}",
         )
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "aqw", "worker", f"{module}:app", "--burst",
-            "--broker", REDIS_URL, "--queue", q,
-            cwd=tmp_path, env=env,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+            sys.executable,
+            "-m",
+            "aqw",
+            "worker",
+            f"{module}:app",
+            "--burst",
+            "--broker",
+            REDIS_URL,
+            "--queue",
+            q,
+            cwd=tmp_path,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         try:
             _, err = await asyncio.wait_for(proc.communicate(), 30)
         finally:
@@ -1046,9 +1027,14 @@ async def test_aqw_worker_exports_spans_and_metrics_over_otlp_http(
             s.name for res, s in rx.spans() if res.get("service.name") == f"aqw-test-{q}"
         )
         assert from_worker == Counter(
-            {f"process {q}": 3, f"receive {q}": 3, "aqw.lease.acquire": 3, "aqw.handler": 3,
-             "aqw.settle": 3}
-        )  # fmt: skip
+            {
+                f"process {q}": 3,
+                f"receive {q}": 3,
+                "aqw.lease.acquire": 3,
+                "aqw.handler": 3,
+                "aqw.settle": 3,
+            }
+        )
 
         processed = rx.metrics_named("aqw.jobs.processed")
         assert processed, f"no aqw.jobs.processed among {len(rx.metrics)} metric exports"

@@ -33,8 +33,13 @@ class _Call:
 class _Item:
     __slots__ = ("argv", "fut", "group", "keys")
 
-    def __init__(self, group: tuple[Any, ...], keys: Sequence[str], argv: Sequence[Any],
-                 fut: asyncio.Future[Any]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        group: tuple[Any, ...],
+        keys: Sequence[str],
+        argv: Sequence[Any],
+        fut: asyncio.Future[Any],
+    ) -> None:
         self.group, self.keys, self.argv, self.fut = group, keys, argv, fut
 
 

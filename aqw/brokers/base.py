@@ -76,6 +76,9 @@ class DeadJob:
     last_failed_at: float
     worker: str
     job_id: str
+    #: Fields of a stored entry that could not be read: they got defaults (``aqw dlq list``
+    #: and ``show`` print these notes).
+    damaged: tuple[str, ...] = ()
 
     @property
     def job(self) -> Job | None:
@@ -98,6 +101,7 @@ class DeadJob:
             "last_failed_at": self.last_failed_at,
             "worker": self.worker,
             "data": self.data.decode("utf-8", "replace"),
+            **({"damaged": list(self.damaged)} if self.damaged else {}),
         }
 
 

@@ -5,19 +5,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib
 import signal
 from typing import Any
 
 from ..monitor import LogSink, Monitor, Sink, WebhookSink
+from ..telemetry import configure_otel, shutdown_otel
+from ._common import add_target, resolve_app
 
 
 def add_parser(sub: Any) -> None:
     """Add ``aqw monitor`` to the command line's subparsers."""
-    from ._main import _add_target
-
     p = sub.add_parser("monitor", help="evaluate the alert rules of a queue until stopped")
-    _add_target(p, positional_app=False)
+    add_target(p, positional_app=False)
     p.add_argument(
         "--webhook",
         action="append",
@@ -30,10 +29,8 @@ def add_parser(sub: Any) -> None:
 
 async def run(args: argparse.Namespace) -> int:
     """``aqw monitor``: run a ``Monitor`` until SIGTERM or SIGINT."""
-    from ._main import resolve_app
-
     app = resolve_app(args, need_app=False)
-    otel = _configure_otel()
+    otel = configure_otel(service_name="aqw-monitor")
     sinks: list[Sink] = [LogSink(), *(WebhookSink(url) for url in args.webhook)]
     monitor = Monitor(app, sinks=sinks, interval=args.interval)
     stop = asyncio.Event()
@@ -50,19 +47,5 @@ async def run(args: argparse.Namespace) -> int:
                 loop.remove_signal_handler(sig)
         await app.close()
         if otel:
-            _call_telemetry("shutdown_otel")
+            shutdown_otel()
     return 0
-
-
-def _configure_otel() -> bool:
-    return bool(_call_telemetry("configure_otel", service_name="aqw-monitor"))
-
-
-def _call_telemetry(name: str, **kwargs: Any) -> Any:
-    """Call ``aqw.telemetry.<name>`` when that module and function exist."""
-    try:
-        telemetry = importlib.import_module("aqw.telemetry")
-    except ImportError:
-        return None
-    fn = getattr(telemetry, name, None)
-    return fn(**kwargs) if callable(fn) else None

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from ..errors import ConfigError
+
 log = logging.getLogger("aqw.supervisor")
 
 __all__ = ["run_supervised", "worker_argv"]
@@ -182,15 +184,25 @@ class _Supervisor:
             slot.finished = True
             return True
         if code == EXIT_USAGE:
-            log.error("worker %d (pid %d) exited %d (usage or configuration error): stopping",
-                      slot.index, pid, code)  # fmt: skip
+            log.error(
+                "worker %d (pid %d) exited %d (usage or configuration error): stopping",
+                slot.index,
+                pid,
+                code,
+            )
             self.status = EXIT_USAGE
             return False
         while self.restarts and self.restarts[0] < now - self.restart_window:
             self.restarts.popleft()
         if len(self.restarts) >= self.max_restarts:
-            log.error("worker %d (pid %d) exited %d; %d restarts within %.0fs: giving up",
-                      slot.index, pid, code, len(self.restarts), self.restart_window)  # fmt: skip
+            log.error(
+                "worker %d (pid %d) exited %d; %d restarts within %.0fs: giving up",
+                slot.index,
+                pid,
+                code,
+                len(self.restarts),
+                self.restart_window,
+            )
             self.status = 1
             return False
         if now - slot.started >= self.stable_after:
@@ -227,8 +239,12 @@ class _Supervisor:
             if slot.proc is not None:
                 code = slot.proc.wait()
                 if code not in (0, -sig, -signal.SIGKILL) and self.status == 0:
-                    log.warning("worker %d (pid %d) exited %d while stopping",
-                                slot.index, slot.proc.pid, code)  # fmt: skip
+                    log.warning(
+                        "worker %d (pid %d) exited %d while stopping",
+                        slot.index,
+                        slot.proc.pid,
+                        code,
+                    )
         log.info("all workers stopped")
         if killed and self.status == 0:
             return 1
@@ -265,8 +281,6 @@ def run_supervised(
         stable_after: seconds a worker must run for its slot's backoff to start over.
     """
     if processes < 1:
-        from ..errors import ConfigError
-
         raise ConfigError(f"--processes must be >= 1, got {processes!r}")
     supervisor = _Supervisor(
         argv,

@@ -57,9 +57,16 @@ def stuck_jobs(worker: Worker) -> list[dict[str, Any]]:
         task = worker.app.tasks.get(run.job.task)
         sla = task.options.sla if task is not None else None
         if sla is not None and now - run.started > 2 * sla:
-            out.append({"job_id": run.job.id, "task": run.job.task, "sla": sla,
-                        "started_at": run.started, "running_for": now - run.started,
-                        "worker": worker.name})  # fmt: skip
+            out.append(
+                {
+                    "job_id": run.job.id,
+                    "task": run.job.task,
+                    "sla": sla,
+                    "started_at": run.started,
+                    "running_for": now - run.started,
+                    "worker": worker.name,
+                }
+            )
     return out
 
 
@@ -76,8 +83,11 @@ def report_stuck(worker: Worker) -> None:
             run.trace.event(EVENT_STUCK, {"aqw.sla": stuck["sla"]})
         log.warning(
             "job %s (%s) is stuck: running %.1fs, more than 2x its SLA of %.1fs",
-            stuck["job_id"], stuck["task"], stuck["running_for"], stuck["sla"],
-        )  # fmt: skip
+            stuck["job_id"],
+            stuck["task"],
+            stuck["running_for"],
+            stuck["sla"],
+        )
     worker.stuck_reported &= worker.running.ids()
 
 

@@ -43,7 +43,8 @@ def first_failure(job: Job) -> float:
         value = float(raw) if raw else 0.0
     except ValueError:
         return 0.0
-    return value if math.isfinite(value) and value > 0 else 0.0
+    # Past 1e11 s (the year 5138) it is not a time this worker wrote.
+    return value if math.isfinite(value) and 0 < value < 1e11 else 0.0
 
 
 def next_attempt(job: Job) -> Job:
@@ -120,8 +121,12 @@ class Settler:
                 delay = policy.delay(job.attempt) * self.runaway.delay_factor(task.name)
             log.warning(
                 "job %s (%s) attempt %d failed: %s; retrying in %.2fs",
-                job.id, job.task, job.attempt, describe(error), delay,
-            )  # fmt: skip
+                job.id,
+                job.task,
+                job.attempt,
+                describe(error),
+                delay,
+            )
             if await self.retry(delivery, job, delay, lease):
                 jt.settled("retry", {ATTR_RETRY_DELAY: delay})
                 self.tel.count("aqw.jobs.retried", task.name)
@@ -147,8 +152,9 @@ class Settler:
             self.stats.duplicates_skipped += 1
             self.window.count("skipped")
             self.tel.count("aqw.jobs.duplicates_skipped", task.name)
-            log.info("job %s (%s) already completed under key %r; skipped",
-                     job.id, job.task, job.key)  # fmt: skip
+            log.info(
+                "job %s (%s) already completed under key %r; skipped", job.id, job.task, job.key
+            )
         else:
             self.stats.processed += 1
             self.window.count("processed")
@@ -184,8 +190,12 @@ class Settler:
             failed_at=time.time(),
         )
         attempts = job.attempt if job else delivery.delivery_count
-        log.error("dead-lettering message %s (%s): %s", delivery.id,
-                  job.task if job else "undecodable", reason)  # fmt: skip
+        log.error(
+            "dead-lettering message %s (%s): %s",
+            delivery.id,
+            job.task if job else "undecodable",
+            reason,
+        )
         step = partial(self.broker.dead_letter, delivery, job, failure, attempts, lease)
         ok = await self.step(step)
         if ok:
@@ -204,8 +214,9 @@ class Settler:
         except asyncio.CancelledError:
             pass
         except Exception as exc:
-            log.warning("could not hand back %s (%r); it is redelivered after its lease",
-                        delivery.id, exc)  # fmt: skip
+            log.warning(
+                "could not hand back %s (%r); it is redelivered after its lease", delivery.id, exc
+            )
 
     async def crashed(
         self,
@@ -229,8 +240,11 @@ class Settler:
                 return
             await self.dead_letter(delivery, job, exc, lease)
         except Exception as again:
-            log.error("could not settle message %s (%s); it is redelivered after its lease",
-                      delivery.id, describe(again))  # fmt: skip
+            log.error(
+                "could not settle message %s (%s); it is redelivered after its lease",
+                delivery.id,
+                describe(again),
+            )
 
     def lost(self, job: Job) -> None:
         """A settle step was refused: another holder took the job over."""

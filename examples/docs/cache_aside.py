@@ -42,8 +42,9 @@ async def main() -> None:
         version = await cache.bump_version("customer:7")  # older entries are stale from now
         assert await cache.put_after_write("customer:7", db["customer:7"], version)
         # A slow writer that still holds the previous version cannot overwrite it.
-        assert not await cache.put("customer:7", {"name": "Ada", "tier": "gold"},
-                                   version=version - 1)
+        assert not await cache.put(
+            "customer:7", {"name": "Ada", "tier": "gold"}, version=version - 1
+        )
         entry = await cache.get("customer:7")
         print("after write-through:", entry.value, "version", entry.version)
 

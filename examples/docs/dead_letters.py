@@ -30,8 +30,10 @@ async def main() -> None:
     await app.worker(burst=True).run()
 
     for dead in await app.dlq.list():
-        print(f"{dead.id:<18} {dead.task or '(undecodable)':<15} {dead.error_type:<16} "
-              f"attempts={dead.attempts} {dead.error[:50]}")
+        print(
+            f"{dead.id:<18} {dead.task or '(undecodable)':<15} {dead.error_type:<16} "
+            f"attempts={dead.attempts} {dead.error[:50]}"
+        )
     assert await app.dlq.count() == 4
 
     # Fix the data and replay the failed import: back on the queue, attempt count reset.

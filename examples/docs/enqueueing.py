@@ -22,8 +22,9 @@ async def main() -> None:
     now = await send.enqueue(Mail(to="ada@example.com"))  # a model, or anything that
     dict_too = await send.enqueue({"to": "grace@example.com"})  # validates into one
     later = await send.enqueue(Mail(to="alan@example.com"), delay=30.0)  # in 30 s
-    at = await send.enqueue(Mail(to="edsger@example.com"),
-                            at=datetime.now(UTC) + timedelta(hours=1))  # at a time
+    at = await send.enqueue(
+        Mail(to="edsger@example.com"), at=datetime.now(UTC) + timedelta(hours=1)
+    )  # at a time
     once = await send.enqueue(Mail(to="barbara@example.com"), key="welcome:barbara")
     again = await send.enqueue(Mail(to="barbara@example.com"), key="welcome:barbara")
     many = await send.enqueue_many([Mail(to=f"user{i}@example.com") for i in range(3)])

@@ -11,8 +11,9 @@ finished = asyncio.Event()
 
 @app.task(lease_ttl=10.0, sla=60.0)
 async def build_report(report_id: int, ctx: aqw.Context) -> None:
-    print(f"job {ctx.job_id}: task={ctx.task} attempt={ctx.attempt} "
-          f"fencing_token={ctx.fencing_token}")
+    print(
+        f"job {ctx.job_id}: task={ctx.task} attempt={ctx.attempt} fencing_token={ctx.fencing_token}"
+    )
     await ctx.progress(0.5, "half way")
     await release.wait()  # stand-in for real work
     finished.set()

@@ -29,7 +29,10 @@ async def test_notify_runs_once_per_job() -> None:
     assert sent == ["direct", "queued"]
     assert worker.stats.processed == 1
     assert (await app.broker.depth()).as_dict() == {
-        "waiting": 0, "in_flight": 0, "delayed": 0, "dead": 0,
+        "waiting": 0,
+        "in_flight": 0,
+        "delayed": 0,
+        "dead": 0,
     }
     await app.close()
 

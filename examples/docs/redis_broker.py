@@ -27,8 +27,12 @@ async def main() -> None:
     try:
         await thumbnail.enqueue_many([1, 2, 3])  # XADD to the stream, one round trip
         await thumbnail.enqueue(4, delay=3600)  # ZADD to the delayed set, due in an hour
-        print("stream", await redis.xlen(f"{tag}:stream"),
-              "delayed", await redis.zcard(f"{tag}:delayed"))
+        print(
+            "stream",
+            await redis.xlen(f"{tag}:stream"),
+            "delayed",
+            await redis.zcard(f"{tag}:delayed"),
+        )
 
         worker = app.worker(concurrency=8, burst=True)
         await worker.run()
@@ -36,9 +40,14 @@ async def main() -> None:
 
         # Settled entries are deleted: the stream holds exactly the unfinished work.
         assert await redis.xlen(f"{tag}:stream") == 0
-        print("after the worker: stream", await redis.xlen(f"{tag}:stream"),
-              "| stats", await redis.hgetall(f"{tag}:stats"),
-              "| depth", (await app.broker.depth()).as_dict())
+        print(
+            "after the worker: stream",
+            await redis.xlen(f"{tag}:stream"),
+            "| stats",
+            await redis.hgetall(f"{tag}:stats"),
+            "| depth",
+            (await app.broker.depth()).as_dict(),
+        )
         print("keys:", sorted([k.split(":", 2)[2] async for k in redis.scan_iter(f"{tag}:*")]))
     finally:
         keys = [k async for k in redis.scan_iter(match=f"{tag}:*")]

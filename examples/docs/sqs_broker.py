@@ -40,8 +40,10 @@ async def main() -> None:
         await void_invoice.enqueue(2)
         worker = app.worker(concurrency=4, burst=True)
         await worker.run()
-        print(f"processed={worker.stats.processed} retried={worker.stats.retried} "
-              f"dead={worker.stats.dead}")
+        print(
+            f"processed={worker.stats.processed} retried={worker.stats.retried} "
+            f"dead={worker.stats.dead}"
+        )
         assert (worker.stats.processed, worker.stats.retried, worker.stats.dead) == (1, 1, 1)
         dead = await app.dlq.list()
         print("dead-letter queue:", [(d.task, d.error_type, d.error) for d in dead])

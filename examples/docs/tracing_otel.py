@@ -34,6 +34,7 @@ async def main() -> None:
 
     spans = exporter.get_finished_spans()
     by_id = {s.context.span_id: s for s in spans}
+
     def depth(span):  # how many ancestors it has
         return 0 if span.parent is None else 1 + depth(by_id[span.parent.span_id])
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests._helpers import free_port
+from tests._helpers import moto_server
 
 AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -27,17 +27,13 @@ AWS_ENV = {
 @pytest.fixture(scope="session")
 def sqs_endpoint() -> Iterator[str]:
     """A moto server on 127.0.0.1 for the session; AWS_* variables point at fake credentials."""
-    from moto import server as server_mod
     saved = {k: os.environ.get(k) for k in AWS_ENV}
     os.environ.update(AWS_ENV)
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
     try:
-        yield f"http://{host}:{port}"
+        with moto_server() as endpoint:
+            yield endpoint
     finally:
-        server.stop()
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -89,8 +85,11 @@ class SQSKit:
 
     async def count(self, url: str) -> int:
         """Messages visible, in flight and delayed."""
-        names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible",
-                 "ApproximateNumberOfMessagesDelayed"]  # fmt: skip
+        names = [
+            "ApproximateNumberOfMessages",
+            "ApproximateNumberOfMessagesNotVisible",
+            "ApproximateNumberOfMessagesDelayed",
+        ]
         reply = await self.client.get_queue_attributes(QueueUrl=url, AttributeNames=names)
         return sum(int(reply["Attributes"].get(n, 0)) for n in names)
 

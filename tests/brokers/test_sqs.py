@@ -4,6 +4,7 @@ aqw runtime. Fixtures: tests/brokers/conftest.py."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import random
@@ -11,7 +12,7 @@ import signal
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,24 +23,14 @@ from pydantic import BaseModel
 import aqw
 from aqw.brokers import from_url
 from aqw.brokers.sqs import MAX_DELAY, SQSBroker
+from tests._helpers import eventually
 
 from .conftest import SQSKit
 
 ROOT = Path(__file__).resolve().parents[2]
 
-
-async def until(check: Callable[[], bool | Awaitable[bool]], within: float, what: str) -> None:
-    """Poll ``check`` until it is true; fail the test after ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while True:
-        result = check()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.05)
+#: ``eventually``, polling moto gently (it is slow under load).
+until = functools.partial(eventually, interval=0.05)
 
 
 def fast_retry(max_retries: int = 5) -> aqw.RetryPolicy:
@@ -93,8 +84,12 @@ def test_from_url_name_and_queue_url_forms() -> None:
 
     aws = from_url("sqs://https://sqs.ap-south-1.amazonaws.com/123456789012/orders.fifo?dlq=x")
     assert isinstance(aws, SQSBroker)
-    assert (aws.queue, aws.region, aws.endpoint_url, aws.fifo) == ("orders.fifo", "ap-south-1",
-                                                                   None, True)  # fmt: skip
+    assert (aws.queue, aws.region, aws.endpoint_url, aws.fifo) == (
+        "orders.fifo",
+        "ap-south-1",
+        None,
+        True,
+    )
     assert aws.queue_url == "https://sqs.ap-south-1.amazonaws.com/123456789012/orders.fifo"
 
     local = from_url("sqs://http://127.0.0.1:5000/123456789012/work?region=us-east-1")
@@ -292,10 +287,18 @@ async def test_failed_heartbeat_cancels_the_handler(
             client = broker._client
 
             async def refuse(**params: Any) -> dict[str, Any]:
-                return {"Successful": [], "Failed": [
-                    {"Id": e["Id"], "Code": "AWS.SimpleQueueService.MessageNotInflight",
-                     "SenderFault": True, "Message": "not in flight"} for e in params["Entries"]
-                ]}  # fmt: skip
+                return {
+                    "Successful": [],
+                    "Failed": [
+                        {
+                            "Id": e["Id"],
+                            "Code": "AWS.SimpleQueueService.MessageNotInflight",
+                            "SenderFault": True,
+                            "Message": "not in flight",
+                        }
+                        for e in params["Entries"]
+                    ],
+                }
 
             client.change_message_visibility_batch = refuse
         t0 = time.monotonic()
@@ -426,8 +429,9 @@ async def test_fifo_groups_run_in_order_through_retries(sqs: SQSKit, new_app: Ap
         finished[group].append(seq)
 
     for group in "AB":
-        await app.enqueue(step, [{"group": group, "seq": i} for i in range(10)],
-                          headers={"aqw-group": group})  # fmt: skip
+        await app.enqueue(
+            step, [{"group": group, "seq": i} for i in range(10)], headers={"aqw-group": group}
+        )
     async with app.worker(concurrency=10, grace=1):
         await until(lambda: sum(map(len, finished.values())) == 20, 30, "20 FIFO jobs")
     for group in "AB":
@@ -483,8 +487,11 @@ async def test_sigkilled_worker_messages_come_back_once(
         sys.executable, str(script), broker_url, str(started_log), env=env
     )
     try:
-        await until(lambda: started_log.exists() and len(started_log.read_text().split()) == 3,
-                    20, "the subprocess to start 3 jobs")  # fmt: skip
+        await until(
+            lambda: started_log.exists() and len(started_log.read_text().split()) == 3,
+            20,
+            "the subprocess to start 3 jobs",
+        )
         proc.send_signal(signal.SIGKILL)
         assert await asyncio.wait_for(proc.wait(), 10) == -signal.SIGKILL
     finally:
@@ -540,6 +547,7 @@ async def test_delays_short_and_beyond_fifteen_minutes(sqs: SQSKit, new_app: App
 @pytest.mark.timeout(40)
 async def test_aws_cli_plain_json_message_is_consumed(sqs: SQSKit, new_app: AppFactory) -> None:
     import awscli  # noqa: F401 - in the dev extra: a missing CLI is a failure, not a skip
+
     url = await sqs.create("ingest", dead="ingest-dead")
     app = new_app(sqs.url("ingest", dlq="ingest-dead", task="ingest"))
     got: list[tuple[Any, str, int]] = []
@@ -548,8 +556,21 @@ async def test_aws_cli_plain_json_message_is_consumed(sqs: SQSKit, new_app: AppF
     async def ingest(event: Event, ctx: aqw.Context) -> None:
         got.append((event.x, ctx.job.headers.get("traceparent", ""), ctx.attempt))
 
-    cmd = [sys.executable, "-m", "awscli", "sqs", "send-message", "--endpoint-url", sqs.endpoint,
-           "--queue-url", url, "--message-body", '{"x": 1}', "--output", "json"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "awscli",
+        "sqs",
+        "send-message",
+        "--endpoint-url",
+        sqs.endpoint,
+        "--queue-url",
+        url,
+        "--message-body",
+        '{"x": 1}',
+        "--output",
+        "json",
+    ]
     proc = await asyncio.create_subprocess_exec(
         *cmd,
         env={**os.environ, "AWS_DEFAULT_REGION": "us-east-1"},

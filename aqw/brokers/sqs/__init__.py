@@ -51,10 +51,10 @@ How aqw's model maps onto SQS:
 - A fetch cancelled during a long poll gives whatever the poll still returns back at once.
 """
 
+from ._broker import SQSBroker
 from ._errors import SQSUnavailable
 from ._limits import DLQ_SCAN_LIMIT, MAX_BATCH, MAX_DELAY, MAX_VISIBILITY, MAX_WAIT, PEEK_VISIBILITY
 from ._messages import FAILURE, NOT_BEFORE
-from .broker import SQSBroker
 
 __all__ = [
     "DLQ_SCAN_LIMIT",

@@ -1,4 +1,4 @@
-"""Batched DeleteMessage and ChangeMessageVisibility calls: ``_Batcher``."""
+"""Batched DeleteMessage and ChangeMessageVisibility calls: ``Batcher``."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from ._errors import _GONE, SQSUnavailable, _code
+from ._errors import GONE, SQSUnavailable, error_code
 from ._limits import MAX_BATCH
 from ._messages import Entry
 
 
-class _Batcher:
+class Batcher:
     """Entries submitted within ``linger`` seconds share one ``*Batch`` call (10 at most). Each
     caller awaits its own entry: True when done, False when SQS says the receipt handle is no
     longer valid. Entries failing for another reason are retried one by one a few times."""
@@ -77,7 +77,7 @@ class _Batcher:
                 continue
             if failure is None:
                 fut.set_result(True)
-            elif failure.get("Code") in _GONE:
+            elif failure.get("Code") in GONE:
                 fut.set_result(False)
             else:
                 self._spawn(self._retry_one(entry, fut, failure))
@@ -91,7 +91,7 @@ class _Batcher:
             try:
                 await self._one(entry)
             except Exception as exc:
-                if _code(exc) in _GONE:
+                if error_code(exc) in GONE:
                     if not fut.done():
                         fut.set_result(False)
                     return

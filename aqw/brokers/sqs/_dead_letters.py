@@ -6,38 +6,63 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 from ...job import Job
 from ..base import DeadJob, Delivery, Failure
-from ._base import _SQSBase
-from ._delivery import _prepare
+from ._connection import Connection
 from ._limits import DLQ_SCAN_LIMIT, MAX_BATCH, PEEK_VISIBILITY
 from ._messages import (
-    _SYSTEM_ATTRIBUTES,
     FAILURE,
+    SYSTEM_ATTRIBUTES,
     Entry,
-    _dedup_id,
-    _float,
-    _int,
-    _sent,
-    _string_attributes,
-    _task_of,
-    _typed,
+    as_float,
+    as_int,
+    dedup_id,
+    prepare,
+    sent_timestamp,
+    string_attributes,
+    task_of,
+    typed_attributes,
 )
+from ._producing import Producer
+from ._queues import Queues
+
+log = logging.getLogger("aqw.sqs")
 
 
-class _DeadLetters(_SQSBase):
-    """SQSBroker's ``dlq_*`` operations, and the DLQ half of ``dead_letter``."""
+class DeadLetters:
+    """SQSBroker's ``dlq_*`` operations, and the DLQ half of ``dead_letter``. Replays are
+    published with ``producer``; plain-JSON bodies read as jobs of ``default_task``."""
 
-    dlq_url: str | None  # None: no dead-letter queue (dlq=none), or not resolved yet
-    _dlq_fifo: bool
+    def __init__(
+        self,
+        connection: Connection,
+        queues: Queues,
+        producer: Producer,
+        *,
+        default_task: str | None,
+    ) -> None:
+        self._connection = connection
+        self._queues = queues
+        self._producer = producer
+        self._default_task = default_task
 
-    async def _send_dead(
+    async def send(
         self, delivery: Delivery, job: Job | None, failure: Failure, attempts: int
     ) -> None:
-        assert self.dlq_url is not None
+        """Send a dead job to the DLQ with its failure; without a DLQ (``dlq=none``) log it."""
+        dlq_url = self._queues.dlq_url
+        if dlq_url is None:
+            log.error(
+                "dropping message %s: no dead-letter queue (dlq=none): %s: %s",
+                delivery.id,
+                failure.error_type,
+                failure.error,
+            )
+            return
         doc = {
             "error_type": failure.error_type,
             "error": failure.error[:2000],
@@ -46,7 +71,7 @@ class _DeadLetters(_SQSBase):
             "worker": failure.worker,
             "first_failed_at": failure.first_failed_at or failure.failed_at,
             "failed_at": failure.failed_at,
-            "queue": self.queue,
+            "queue": self._queues.name,
             "message_id": delivery.id,
             "receive_count": delivery.delivery_count,
         }
@@ -57,14 +82,14 @@ class _DeadLetters(_SQSBase):
             if delivery.attributes.get(name):
                 attrs[name] = delivery.attributes[name]
         params: Entry = {
-            "QueueUrl": self.dlq_url,
+            "QueueUrl": dlq_url,
             "MessageBody": delivery.data.decode("utf-8", "replace") or " ",
-            "MessageAttributes": _typed(attrs),
+            "MessageAttributes": typed_attributes(attrs),
         }
-        if self._dlq_fifo:
+        if self._queues.dlq_fifo:
             params["MessageGroupId"] = job.id if job is not None else delivery.id
-            params["MessageDeduplicationId"] = _dedup_id(delivery.id)
-        await self._call("send_message", **params)
+            params["MessageDeduplicationId"] = dedup_id(delivery.id)
+        await self._connection.call("send_message", **params)
 
     async def dlq_list(self, count: int = 100, after: str | None = None) -> list[DeadJob]:
         entries = [self._dead_job(m) for m in await self._dlq_scan(None, release=True)]
@@ -84,7 +109,7 @@ class _DeadLetters(_SQSBase):
         found = [m for m in await self._dlq_scan(set(wanted)) if m["MessageId"] in wanted]
         try:
             if found:
-                await self.publish([wanted[m["MessageId"]] for m in found])
+                await self._producer.publish([wanted[m["MessageId"]] for m in found])
                 await self._dlq_settle(found)
         finally:
             await self._dlq_release(found)
@@ -103,36 +128,37 @@ class _DeadLetters(_SQSBase):
         """Receive DLQ messages, each hidden for 30 s, until ``want`` are all seen or the queue
         looks empty (two empty short polls); oldest first. Those not in ``want`` are given back
         (visibility 0); with ``release`` all are."""
-        if self.dlq_url is None:
-            await self._ensure()
-            if self.dlq_url is None:
+        if self._queues.dlq_url is None:
+            await self._connection.ensure()
+            if self._queues.dlq_url is None:
                 return []
         seen: dict[str, dict[str, Any]] = {}
         empty = 0
         while len(seen) < DLQ_SCAN_LIMIT and empty < 2:
-            reply = await self._call(
+            reply = await self._connection.call(
                 "receive_message",
-                QueueUrl=self.dlq_url,
+                QueueUrl=self._queues.dlq_url,
                 MaxNumberOfMessages=MAX_BATCH,
                 VisibilityTimeout=PEEK_VISIBILITY,
                 WaitTimeSeconds=0,
                 MessageAttributeNames=["All"],
-                MessageSystemAttributeNames=_SYSTEM_ATTRIBUTES,
+                MessageSystemAttributeNames=SYSTEM_ATTRIBUTES,
             )
             batch = reply.get("Messages", [])
             empty = 0 if batch else empty + 1
             seen.update((m["MessageId"], m) for m in batch)
             if want is not None and want <= seen.keys():
                 break
-        found = sorted(seen.values(), key=lambda m: (_sent(m), m["MessageId"]))
+        found = sorted(seen.values(), key=lambda m: (sent_timestamp(m), m["MessageId"]))
         others = found if release else [m for m in found if m["MessageId"] not in (want or ())]
         await self._dlq_release(others)
         return found
 
     async def _dlq_settle(self, messages: list[dict[str, Any]]) -> int:
-        assert self.dlq_url is not None
+        dlq_url = self._queues.dlq_url
+        assert dlq_url is not None
         results = await asyncio.gather(
-            *(self._delete(m["ReceiptHandle"], self.dlq_url) for m in messages)
+            *(self._connection.delete(m["ReceiptHandle"], dlq_url) for m in messages)
         )
         for m in messages:
             m["_settled"] = True
@@ -143,30 +169,32 @@ class _DeadLetters(_SQSBase):
         todo = [m for m in messages if not m.get("_settled")]
         for m in todo:
             m["_settled"] = True
-        if self.dlq_url is not None and todo:
+        dlq_url = self._queues.dlq_url
+        if dlq_url is not None and todo:
             await asyncio.gather(
-                *(self._set_visibility(m["ReceiptHandle"], 0, self.dlq_url) for m in todo),
+                *(self._connection.set_visibility(m["ReceiptHandle"], 0, dlq_url) for m in todo),
                 return_exceptions=True,
             )
 
     def _dead_job(self, msg: dict[str, Any]) -> DeadJob:
-        attrs = _string_attributes(msg)
+        attrs = string_attributes(msg)
         system = msg.get("Attributes", {})
         mid = str(msg["MessageId"])
         body = str(msg.get("Body", ""))
-        data, job_id = _prepare(body, attrs, 1, mid, system, self.default_task)
+        data, job_id = prepare(body, attrs, 1, mid, system, self._default_task)
         doc: dict[str, Any] = {}
         with contextlib.suppress(ValueError, TypeError):
             loaded = json.loads(attrs.get(FAILURE, "{}"))
             doc = loaded if isinstance(loaded, dict) else {}
-        sent = _sent(msg) / 1000
-        task = attrs.get("aqw-task") or _task_of(data)
+        sent = sent_timestamp(msg) / 1000
+        task = attrs.get("aqw-task") or task_of(data)
         if not doc:
+            queue, receives = self._queues.name, self._queues.max_receives
             doc = {
                 "error_type": "MaxReceiveCountExceeded",
-                "error": f"moved here by the RedrivePolicy of SQS queue {self.queue!r} after "
-                f"{self.max_receives or '?'} receives",
-                "attempts": self.max_receives or 0,
+                "error": f"moved here by the RedrivePolicy of SQS queue {queue!r} after "
+                f"{receives or '?'} receives",
+                "attempts": receives or 0,
                 "first_failed_at": sent,
                 "failed_at": sent,
             }
@@ -178,8 +206,8 @@ class _DeadLetters(_SQSBase):
             error_type=str(doc.get("error_type", "")),
             error=str(doc.get("error", "")),
             traceback=str(doc.get("traceback", "")),
-            attempts=_int(doc.get("attempts"), 0),
-            first_failed_at=_float(doc.get("first_failed_at")),
-            last_failed_at=_float(doc.get("failed_at")),
+            attempts=as_int(doc.get("attempts"), 0),
+            first_failed_at=as_float(doc.get("first_failed_at")),
+            last_failed_at=as_float(doc.get("failed_at")),
             worker=str(doc.get("worker", "")),
         )

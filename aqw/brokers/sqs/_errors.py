@@ -12,19 +12,31 @@ from botocore.exceptions import HTTPClientError
 from ...errors import BrokerUnavailable
 
 #: Error codes meaning "this receipt handle no longer names a message we hold".
-_GONE = {"ReceiptHandleIsInvalid", "InvalidParameterValue", "MessageNotInflight",
-         "AWS.SimpleQueueService.MessageNotInflight", "InvalidReceiptHandle"}  # fmt: skip
-_THROTTLED = {"ThrottlingException", "RequestThrottled", "Throttling", "ServiceUnavailable",
-              "InternalError", "InternalFailure", "KMS.ThrottlingException",
-              "AWS.SimpleQueueService.RequestThrottled"}  # fmt: skip
-_MISSING = {"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}
+GONE = {
+    "ReceiptHandleIsInvalid",
+    "InvalidParameterValue",
+    "MessageNotInflight",
+    "AWS.SimpleQueueService.MessageNotInflight",
+    "InvalidReceiptHandle",
+}
+_THROTTLED = {
+    "ThrottlingException",
+    "RequestThrottled",
+    "Throttling",
+    "ServiceUnavailable",
+    "InternalError",
+    "InternalFailure",
+    "KMS.ThrottlingException",
+    "AWS.SimpleQueueService.RequestThrottled",
+}
+MISSING = {"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}
 
 
 class SQSUnavailable(BrokerUnavailable, ConnectionError):
     """SQS could not be reached, or throttled the call: the runtime retries with backoff."""
 
 
-def _code(exc: BaseException) -> str:
+def error_code(exc: BaseException) -> str:
     response = getattr(exc, "response", None)
     return str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""
 
@@ -34,10 +46,10 @@ def _transient(exc: BaseException) -> bool:
         return True
     response = getattr(exc, "response", None)
     status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) if response else 0
-    return _code(exc) in _THROTTLED or int(status or 0) >= 500
+    return error_code(exc) in _THROTTLED or int(status or 0) >= 500
 
 
-async def _request(client: Any, op: str, **params: Any) -> dict[str, Any]:
+async def request(client: Any, op: str, **params: Any) -> dict[str, Any]:
     """One SQS call; unreachable or throttled becomes ``SQSUnavailable``."""
     try:
         reply: dict[str, Any] = await getattr(client, op)(**params)

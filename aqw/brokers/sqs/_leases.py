@@ -1,98 +1,116 @@
 """Job leases as message visibility: the LeaseBackend of an SQS queue (acquire, renew, release
-by ChangeMessageVisibility), with an optional lock store for real fencing and resource locks."""
+by ChangeMessageVisibility, ``VisibilityLeases``), with an optional lock store for real fencing
+and resource locks (``LockStore``)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 
-from ...lease import LeaseBackend
-from ..base import Delivery
-from ._base import _Held, _SQSBase
-from ._limits import _seconds
+from ..._redis.lease import RedisLeaseBackend
+from ...lease import Lease, LeaseBackend
+from ..memory import MemoryLeaseBackend
+from ..redis import make_client
+from ._connection import Connection
+from ._held import Held, HeldMessages
+from ._limits import visibility_seconds
+from ._queues import Queues
 
 
-class _VisibilityLeases:
-    """The LeaseBackend of an SQS queue: a job's lease is its message's visibility."""
+class LockStore:
+    """Where leases that are not a message's visibility live: with ``locks=redis://...`` a
+    Redis LeaseBackend (opened on connect, dropped on close) that also fences job leases and
+    makes resource locks exclusive across processes; else a process-local backend."""
 
-    def __init__(self, broker: _Leasing) -> None:
-        self._broker = broker
+    def __init__(self, store: LeaseBackend | str | None) -> None:
+        #: The ``locks=`` URL, when the store is opened from one.
+        self.url = store if isinstance(store, str) else None
+        #: The real store (fencing tokens, cross-process locks), None without one.
+        self.shared: LeaseBackend | None = None if isinstance(store, str) else store
+        #: Where resource locks go: the shared store, else a process-local one.
+        self.locks: LeaseBackend = self.shared or MemoryLeaseBackend()
+
+    def open(self, stack: contextlib.AsyncExitStack) -> None:
+        """Connect the ``locks=`` store; ``stack`` closes its client."""
+        if self.url is not None and self.shared is None:
+            client = make_client(self.url)
+            stack.push_async_callback(client.aclose)
+            self.shared = self.locks = RedisLeaseBackend(client)
+
+    def close(self) -> None:
+        if self.url is not None:
+            self.shared = None
+            self.locks = MemoryLeaseBackend()
+
+    async def unlock(self, lease: Lease | None) -> None:
+        """Free a settled job's lease in the shared store (best effort)."""
+        if lease is not None and self.shared is not None:
+            with contextlib.suppress(Exception):
+                await self.shared.release(lease.key, lease.token)
+
+
+class VisibilityLeases:
+    """The LeaseBackend of an SQS queue: a job's lease is its message's visibility. Lease keys
+    outside this queue's job leases (resource locks) go to the lock store."""
+
+    def __init__(
+        self, connection: Connection, queues: Queues, held: HeldMessages, locks: LockStore
+    ) -> None:
+        self._connection = connection
+        self._queues = queues
+        self._held = held
+        self._locks = locks
 
     async def acquire(self, key: str, token: str, ttl_ms: int) -> int | None:
-        return await self._broker._lease_acquire(key, token, ttl_ms)
-
-    async def renew(self, key: str, token: str, ttl_ms: int) -> bool:
-        return await self._broker._lease_renew(key, token, ttl_ms)
-
-    async def release(self, key: str, token: str) -> bool:
-        return await self._broker._lease_release(key, token)
-
-
-class _Leasing(_SQSBase):
-    """SQSBroker's ``lease_backend`` and ``keep_alive``. Lease keys outside this queue's job
-    leases (resource locks) go to ``_locks``: the lock store, else a process-local backend."""
-
-    _lock_store: LeaseBackend | None  # locks=redis://...: fencing tokens and cross-process locks
-    _locks: LeaseBackend
-    _leases: _VisibilityLeases
-
-    def lease_backend(self) -> LeaseBackend:
-        return self._leases
-
-    async def keep_alive(self, delivery: Delivery) -> bool:
-        return delivery.id in self._held
-
-    def _job_held(self, key: str) -> tuple[str, _Held] | None:
-        mid = self._keys.get(key)
-        held = self._held.get(mid) if mid is not None else None
-        return (mid, held) if mid is not None and held is not None else None
-
-    async def _lease_acquire(self, key: str, token: str, ttl_ms: int) -> int | None:
-        if not key.startswith(self._lease_prefix):
-            return await self._locks.acquire(key, token, ttl_ms)
-        found = self._job_held(key)
+        if not self._held.is_job_key(key):
+            return await self._locks.locks.acquire(key, token, ttl_ms)
+        found = self._held.of_job(key)
         if found is None or found[1].token not in (None, token):
             return None
         mid, held = found
         fence: int | None = held.count
-        if self._lock_store is not None:
-            fence = await self._lock_store.acquire(key, token, ttl_ms)
+        store = self._locks.shared
+        if store is not None:
+            fence = await store.acquire(key, token, ttl_ms)
             if fence is None:
                 return None
         held.token = token
-        ttl = _seconds(ttl_ms)
+        ttl = visibility_seconds(ttl_ms)
         if held.visible_until - time.monotonic() < ttl / 3 + 1.0 and not await self._extend(
             held, ttl
         ):
-            self._forget(mid)
-            if self._lock_store is not None:
-                await self._lock_store.release(key, token)
+            self._held.forget(mid)
+            if self._locks.shared is not None:
+                await self._locks.shared.release(key, token)
             return None
         return fence
 
-    async def _lease_renew(self, key: str, token: str, ttl_ms: int) -> bool:
-        if not key.startswith(self._lease_prefix):
-            return await self._locks.renew(key, token, ttl_ms)
-        found = self._job_held(key)
+    async def renew(self, key: str, token: str, ttl_ms: int) -> bool:
+        if not self._held.is_job_key(key):
+            return await self._locks.locks.renew(key, token, ttl_ms)
+        found = self._held.of_job(key)
         if found is None or found[1].token != token:
             return False
-        ok = await self._extend(found[1], _seconds(ttl_ms))
-        if ok and self._lock_store is not None:
-            ok = await self._lock_store.renew(key, token, ttl_ms)
+        ok = await self._extend(found[1], visibility_seconds(ttl_ms))
+        store = self._locks.shared
+        if ok and store is not None:
+            ok = await store.renew(key, token, ttl_ms)
         return ok
 
-    async def _lease_release(self, key: str, token: str) -> bool:
-        if not key.startswith(self._lease_prefix):
-            return await self._locks.release(key, token)
-        found = self._job_held(key)
+    async def release(self, key: str, token: str) -> bool:
+        if not self._held.is_job_key(key):
+            return await self._locks.locks.release(key, token)
+        found = self._held.of_job(key)
         if found is not None and found[1].token == token:
-            self._forget(found[0])  # the message comes back when its visibility runs out
-        if self._lock_store is not None:
-            await self._lock_store.release(key, token)
+            self._held.forget(found[0])  # the message comes back when its visibility runs out
+        store = self._locks.shared
+        if store is not None:
+            await store.release(key, token)
         return True
 
-    async def _extend(self, held: _Held, seconds: int) -> bool:
+    async def _extend(self, held: Held, seconds: int) -> bool:
         sent = time.monotonic()
-        ok = await self._set_visibility(held.receipt, seconds)
+        ok = await self._connection.set_visibility(held.receipt, seconds, self._queues.url)
         if ok:
             held.visible_until = sent + seconds
         return ok

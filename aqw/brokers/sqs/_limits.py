@@ -12,6 +12,6 @@ PEEK_VISIBILITY = 30  # how long a dead-letter scan hides the messages it reads
 DLQ_SCAN_LIMIT = 10_000  # most dead-letter messages one scan reads
 
 
-def _seconds(ttl_ms: int) -> int:
+def visibility_seconds(ttl_ms: int) -> int:
     """A lease TTL as a visibility timeout: whole seconds, 1 to MAX_VISIBILITY."""
     return min(MAX_VISIBILITY, max(1, math.ceil(ttl_ms / 1000)))

@@ -9,12 +9,22 @@ from urllib.parse import parse_qs, urlsplit
 from ...errors import ConfigError
 from ..redis import split_queue
 
-_OPTIONS = {"region", "endpoint_url", "dlq", "wait", "visibility", "task", "create", "locks",
-            "pool", "pollers"}  # fmt: skip
+_OPTIONS = {
+    "region",
+    "endpoint_url",
+    "dlq",
+    "wait",
+    "visibility",
+    "task",
+    "create",
+    "locks",
+    "pool",
+    "pollers",
+}
 _AWS_HOST = re.compile(r"^(?:sqs\.([a-z0-9-]+)|([a-z0-9-]+)\.queue)\.amazonaws\.com")
 
 
-class _Settings(TypedDict):
+class Settings(TypedDict):
     """The keyword arguments of ``SQSBroker(name, ...)`` an ``sqs://`` URL gives."""
 
     queue_url: str | None
@@ -30,7 +40,7 @@ class _Settings(TypedDict):
     pollers: int
 
 
-def _parse_url(url: str, queue: str) -> tuple[str, _Settings]:
+def parse_url(url: str, queue: str) -> tuple[str, Settings]:
     """The queue name and the settings of ``sqs://NAME?opts`` or
     ``sqs://https://host/ACCOUNT/NAME?opts``; ``queue`` names the queue when the URL does not.
 
@@ -61,7 +71,7 @@ def _parse_url(url: str, queue: str) -> tuple[str, _Settings]:
         name = rest.strip("/") or queue
     if not name:
         raise ConfigError(f"sqs:// URL names no queue: {url!r}")
-    return name, _Settings(
+    return name, Settings(
         queue_url=queue_url,
         region=region,
         endpoint_url=endpoint,

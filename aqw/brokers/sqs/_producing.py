@@ -11,50 +11,60 @@ from collections.abc import Sequence
 
 from ...errors import ConfigError
 from ...job import Job
-from ._base import _SQSBase
+from ._connection import Connection
 from ._errors import SQSUnavailable
 from ._limits import MAX_BATCH, MAX_DELAY
-from ._messages import NOT_BEFORE, Entry, _dedup_id, _typed
+from ._messages import NOT_BEFORE, Entry, dedup_id, typed_attributes
+from ._queues import Queues
 
 
-class _Producer(_SQSBase):
-    """SQSBroker's ``publish`` and ``schedule``."""
+class Producer:
+    """SQSBroker's ``publish`` and ``schedule``: SendMessage(Batch) calls to the queue."""
+
+    def __init__(self, connection: Connection, queues: Queues) -> None:
+        self._connection = connection
+        self._queues = queues
 
     async def publish(self, jobs: Sequence[Job]) -> None:
-        await self._ensure()
-        await self._send(self.queue_url, [self._entry(job) for job in jobs])
+        await self._connection.ensure()
+        await self._send(self._queues.url, [self.entry(job) for job in jobs])
 
     async def schedule(self, jobs: Sequence[Job], run_at: float) -> None:
-        await self._ensure()
+        await self._connection.ensure()
         delay = run_at - time.time()
         if delay <= 0:
             await self.publish(jobs)
             return
-        if self.fifo:
+        if self._queues.fifo:
             raise ConfigError(
-                f"SQS FIFO queue {self.queue!r} does not allow per-message delays: enqueue "
+                f"SQS FIFO queue {self._queues.name!r} does not allow per-message delays: enqueue "
                 "without delay=/at=, or set the queue's DelaySeconds attribute"
             )
         seconds = math.ceil(delay)
         if seconds <= MAX_DELAY:
-            entries = [self._entry(job, seconds) for job in jobs]
+            entries = [self.entry(job, seconds) for job in jobs]
         else:
-            entries = [self._entry(job, MAX_DELAY, run_at) for job in jobs]
-        await self._send(self.queue_url, entries)
+            entries = [self.entry(job, MAX_DELAY, run_at) for job in jobs]
+        await self._send(self._queues.url, entries)
 
-    def _entry(self, job: Job, delay: int = 0, not_before: float | None = None) -> Entry:
+    def entry(self, job: Job, delay: int = 0, not_before: float | None = None) -> Entry:
+        """The SendMessage fields of ``job``: due after ``delay`` seconds, and not handed out
+        before ``not_before`` (seconds since the epoch) when given."""
         attrs = {"aqw-job-id": job.id, "aqw-task": job.task, "aqw-attempt": str(job.attempt)}
         for name in ("traceparent", "tracestate"):
             if job.headers.get(name):
                 attrs[name] = job.headers[name]
         if not_before is not None:
             attrs[NOT_BEFORE] = repr(not_before)
-        entry: Entry = {"MessageBody": job.encode().decode(), "MessageAttributes": _typed(attrs)}
+        entry: Entry = {
+            "MessageBody": job.encode().decode(),
+            "MessageAttributes": typed_attributes(attrs),
+        }
         if delay:
             entry["DelaySeconds"] = delay
-        if self.fifo:
+        if self._queues.fifo:
             entry["MessageGroupId"] = job.headers.get("aqw-group") or job.task
-            entry["MessageDeduplicationId"] = _dedup_id(job.key or job.id)
+            entry["MessageDeduplicationId"] = dedup_id(job.key or job.id)
         return entry
 
     async def _send(self, url: str, entries: list[Entry]) -> None:
@@ -73,16 +83,16 @@ class _Producer(_SQSBase):
 
     async def _send_chunk(self, url: str, chunk: list[Entry]) -> None:
         if len(chunk) == 1:
-            await self._call("send_message", QueueUrl=url, **chunk[0])
+            await self._connection.call("send_message", QueueUrl=url, **chunk[0])
             return
         entries = [{**entry, "Id": str(i)} for i, entry in enumerate(chunk)]
-        reply = await self._call("send_message_batch", QueueUrl=url, Entries=entries)
+        reply = await self._connection.call("send_message_batch", QueueUrl=url, Entries=entries)
         for failure in reply.get("Failed", []):
             entry = chunk[int(failure["Id"])]
             for attempt in range(3):
                 await asyncio.sleep(0.05 * 2**attempt)
                 try:
-                    await self._call("send_message", QueueUrl=url, **entry)
+                    await self._connection.call("send_message", QueueUrl=url, **entry)
                     break
                 except SQSUnavailable:
                     if attempt == 2:

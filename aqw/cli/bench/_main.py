@@ -42,6 +42,7 @@ from pydantic import ValidationError
 
 from ...brokers import from_url
 from ...errors import ConfigError
+from .._common import CliError, add_log_level, load_app, setup_logging
 from ._measure import Point, delete_queue, measure, queue_keys
 from ._report import Progress, recommend, redact, report
 
@@ -59,8 +60,14 @@ class _Defaults:
 
 
 QUICK = _Defaults([10, 50], [0, 20], [1], jobs=300, latency_seconds=0.3, timeout=30.0)
-FULL = _Defaults([10, 50, 100, 200], [0, 50], sorted({1, min(os.cpu_count() or 1, 8)}),
-                 jobs=3000, latency_seconds=1.0, timeout=120.0)  # fmt: skip
+FULL = _Defaults(
+    [10, 50, 100, 200],
+    [0, 50],
+    sorted({1, min(os.cpu_count() or 1, 8)}),
+    jobs=3000,
+    latency_seconds=1.0,
+    timeout=120.0,
+)
 
 
 class _Interrupted(Exception):
@@ -97,34 +104,58 @@ def _list(minimum: int) -> Callable[[str], list[int]]:
     return parse
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parser(sub: Any) -> None:
     """Add the ``bench`` command to the ``aqw`` command line."""
-    b = sub.add_parser("bench", help="throughput tuning: sweep processes, concurrency, prefetch",
-                       description=DESCRIPTION)  # fmt: skip
+    b = sub.add_parser(
+        "bench",
+        help="throughput tuning: sweep processes, concurrency, prefetch",
+        description=DESCRIPTION,
+    )
     b.add_argument("--broker", help="broker URL (or AQW_BROKER; default: the app's, or memory://)")
-    b.add_argument("--app", help="run a task of this app (package.module:app) instead of "
-                                 "synthetic jobs")  # fmt: skip
+    b.add_argument(
+        "--app", help="run a task of this app (package.module:app) instead of synthetic jobs"
+    )
     b.add_argument("--task", help="the task to run (with --app)")
     b.add_argument("--payload", default="null", help="its sample payload, as JSON")
-    b.add_argument("--work", choices=["noop", "sleep", "cpu", "mix"], default="noop",
-                   help="synthetic jobs: return, sleep, burn CPU, or each in turn")  # fmt: skip
+    b.add_argument(
+        "--work",
+        choices=["noop", "sleep", "cpu", "mix"],
+        default="noop",
+        help="synthetic jobs: return, sleep, burn CPU, or each in turn",
+    )
     b.add_argument("--sleep-ms", type=float, default=10.0, help="ms a sleep job sleeps")
     b.add_argument("--cpu-ms", type=float, default=1.0, help="ms of CPU a cpu job burns")
-    b.add_argument("-c", "--concurrency", type=_list(1),
-                   help=f"values to try (default {_csv(FULL.concurrency)}; "
-                        f"--quick: {_csv(QUICK.concurrency)})")  # fmt: skip
-    b.add_argument("--prefetch", type=_list(0),
-                   help=f"values to try (default {_csv(FULL.prefetch)}; "
-                        f"--quick: {_csv(QUICK.prefetch)})")  # fmt: skip
-    b.add_argument("-p", "--processes", type=_list(1),
-                   help=f"worker process counts to try (default {_csv(FULL.processes)}; "
-                        f"--quick: {_csv(QUICK.processes)})")  # fmt: skip
-    b.add_argument("-n", "--jobs", type=int,
-                   help=f"jobs per setting in the drain phase (default {FULL.jobs}; "
-                        f"--quick: {QUICK.jobs})")  # fmt: skip
-    b.add_argument("--latency-seconds", type=float,
-                   help=f"length of the latency phase (default {FULL.latency_seconds}; "
-                        f"--quick: {QUICK.latency_seconds})")  # fmt: skip
+    b.add_argument(
+        "-c",
+        "--concurrency",
+        type=_list(1),
+        help=f"values to try (default {_csv(FULL.concurrency)}; "
+        f"--quick: {_csv(QUICK.concurrency)})",
+    )
+    b.add_argument(
+        "--prefetch",
+        type=_list(0),
+        help=f"values to try (default {_csv(FULL.prefetch)}; --quick: {_csv(QUICK.prefetch)})",
+    )
+    b.add_argument(
+        "-p",
+        "--processes",
+        type=_list(1),
+        help=f"worker process counts to try (default {_csv(FULL.processes)}; "
+        f"--quick: {_csv(QUICK.processes)})",
+    )
+    b.add_argument(
+        "-n",
+        "--jobs",
+        type=int,
+        help=f"jobs per setting in the drain phase (default {FULL.jobs}; --quick: {QUICK.jobs})",
+    )
+    b.add_argument(
+        "--latency-seconds",
+        type=float,
+        help=f"length of the latency phase (default {FULL.latency_seconds}; "
+        f"--quick: {QUICK.latency_seconds})",
+    )
     b.add_argument(
         "--timeout", type=float, help=f"seconds each phase may take (default {FULL.timeout:.0f})"
     )
@@ -138,8 +169,6 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
     broker = args.broker or os.environ.get("AQW_BROKER")
     payload: Any = None
     if args.app:
-        from .._main import load_app
-
         user = load_app(args.app)
         broker = broker or user.broker_url
         if not args.task:
@@ -165,15 +194,25 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
     if jobs < 10:
         raise ConfigError("--jobs must be >= 10")
     return {
-        "broker": broker, "queue": args.queue or f"aqw-bench-{uuid.uuid4().hex[:8]}",
-        "app": args.app, "task": args.task, "payload": payload, "work": args.work,
-        "sleep_ms": args.sleep_ms, "cpu_ms": args.cpu_ms, "in_process": in_process,
-        "jobs": jobs, "timeout": args.timeout or grid.timeout,
+        "broker": broker,
+        "queue": args.queue or f"aqw-bench-{uuid.uuid4().hex[:8]}",
+        "app": args.app,
+        "task": args.task,
+        "payload": payload,
+        "work": args.work,
+        "sleep_ms": args.sleep_ms,
+        "cpu_ms": args.cpu_ms,
+        "in_process": in_process,
+        "jobs": jobs,
+        "timeout": args.timeout or grid.timeout,
         "latency_seconds": args.latency_seconds or grid.latency_seconds,
-        "grid": [(pr, c, pf) for pr in processes
-                 for c in (args.concurrency or grid.concurrency)
-                 for pf in (args.prefetch if args.prefetch is not None else grid.prefetch)],
-    }  # fmt: skip
+        "grid": [
+            (pr, c, pf)
+            for pr in processes
+            for c in (args.concurrency or grid.concurrency)
+            for pf in (args.prefetch if args.prefetch is not None else grid.prefetch)
+        ],
+    }
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -184,12 +223,15 @@ async def run(args: argparse.Namespace) -> int:
         probe = from_url(cfg["broker"], queue)
         try:
             if await queue_keys(probe):
-                raise ConfigError(f"queue {queue!r} has keys already: the bench deletes every "
-                                  "key of its queue, so name an unused one")  # fmt: skip
+                raise ConfigError(
+                    f"queue {queue!r} has keys already: the bench deletes every "
+                    "key of its queue, so name an unused one"
+                )
         finally:
             await probe.close()
-    print(f"aqw bench: queue {queue} on {redact(cfg['broker'])} (deleted at the end)",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"aqw bench: queue {queue} on {redact(cfg['broker'])} (deleted at the end)", file=sys.stderr
+    )
     points = [Point(pr, c, pf) for pr, c, pf in cfg["grid"]]
     progress = Progress(len(points))
     loop = asyncio.get_running_loop()
@@ -240,8 +282,10 @@ async def run(args: argparse.Namespace) -> int:
                 loop.remove_signal_handler(sig)
         deleted = await delete_queue(cfg["broker"], queue)
         if urlsplit(cfg["broker"]).scheme not in ("memory", "redis", "rediss", "unix"):
-            print(f"aqw bench: leftover messages of queue {queue} are not deleted on this broker",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"aqw bench: leftover messages of queue {queue} are not deleted on this broker",
+                file=sys.stderr,
+            )
         logging.getLogger("aqw.bench").debug("deleted %d keys of queue %s", deleted, queue)
     report(cfg, points, as_json=args.json)
     return 0 if any(p.jobs_per_s for p in points) else 1
@@ -250,13 +294,11 @@ async def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """``python -m aqw.cli.bench._main ...``: the ``aqw bench`` command on its own."""
     parser = argparse.ArgumentParser(prog="aqw")
-    parser.add_argument("--log-level", default=os.environ.get("AQW_LOG_LEVEL", "WARNING"))
+    add_log_level(parser, "WARNING")
     sub = parser.add_subparsers(dest="command", required=True)
     add_parser(sub)
     args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
-    from .._main import CliError
-
+    setup_logging(args.log_level, logging.BASIC_FORMAT)
     try:
         return asyncio.run(run(args))
     except (CliError, ConfigError) as exc:

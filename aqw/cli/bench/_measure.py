@@ -12,8 +12,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ...brokers import Broker, from_url
+from ...brokers.memory import delete_memory_queue
 from ...brokers.redis import RedisBroker
-from ._worker import Children, InProcess, target
+from ._worker import Children, InProcess, Result, target
 
 PRELOAD_BATCH = 500
 
@@ -36,8 +37,10 @@ class Point:
 
     @property
     def label(self) -> str:
-        return f"--processes {self.processes} --concurrency {self.concurrency} " \
-               f"--prefetch {self.prefetch}"  # fmt: skip
+        return (
+            f"--processes {self.processes} --concurrency {self.concurrency} "
+            f"--prefetch {self.prefetch}"
+        )
 
 
 async def _server_ops(broker: Broker) -> int | None:
@@ -48,8 +51,11 @@ async def _server_ops(broker: Broker) -> int | None:
         info: Any = await broker.client.info("commandstats")
     except Exception:
         return None
-    return sum(int(v.get("calls", 0)) for k, v in info.items()
-               if k.startswith("cmdstat_") and k != "cmdstat_info")  # fmt: skip
+    return sum(
+        int(v.get("calls", 0))
+        for k, v in info.items()
+        if k.startswith("cmdstat_") and k != "cmdstat_info"
+    )
 
 
 async def queue_keys(broker: Broker) -> list[Any]:
@@ -62,9 +68,7 @@ async def queue_keys(broker: Broker) -> list[Any]:
 async def delete_queue(url: str, queue: str) -> int:
     """Delete every key of ``queue``: SCAN + DEL on Redis; forget an in-memory queue."""
     if urlsplit(url).scheme == "memory":
-        from ...brokers import memory
-
-        memory._QUEUES.pop(queue, None)
+        delete_memory_queue(queue)
         return 0
     broker = from_url(url, queue)
     try:
@@ -101,11 +105,24 @@ async def _until(pred: Callable[[], bool], limit: float, tick: Callable[[], None
         await asyncio.sleep(0.01)
 
 
+def _latencies(results: list[Result], phase2: float, sent_at: list[float], n: int) -> list[float]:
+    """Latencies (ms) of the latency phase's jobs, enqueue to settle. The settle times come
+    from the workers' counters; which job each one belongs to, from the order the bench's
+    jobs finished in each process, or, for a task of your app, from the order the jobs were
+    offered (the k-th settle after the drain is the k-th job offered)."""
+    if all(r.finished is not None for r in results):
+        pairs = (pair for r in results for pair in zip(r.finished or [], r.settled, strict=False))
+        return [(done - at) * 1000 for at, done in pairs if at >= phase2]
+    settled = sorted(t for r in results for t in r.settled)[n:]
+    return [(done - at) * 1000 for at, done in zip(sent_at, settled, strict=False)]
+
+
 async def measure(cfg: dict[str, Any], point: Point, tick: Callable[[str, int, int], None]) -> None:
     """Run one setting on a fresh queue and fill in ``point``'s results; ``tick(phase, done,
     target)`` is called as it goes (progress; it may raise to stop the bench)."""
     await delete_queue(cfg["broker"], cfg["queue"])
-    app, task, payloads = target(cfg)
+    bench = target(cfg)
+    app, task, payloads = bench.app, bench.task, bench.payloads
     n, timeout = cfg["jobs"], cfg["timeout"]
     workers: InProcess | Children | None = None
     try:
@@ -114,7 +131,7 @@ async def measure(cfg: dict[str, Any], point: Point, tick: Callable[[str, int, i
             tick("preload", first, n)
             await app.enqueue(task, payloads(first, min(PRELOAD_BATCH, n - first)))
         if cfg["in_process"]:
-            workers = InProcess(app, point.concurrency, point.prefetch)
+            workers = InProcess(bench, point.concurrency, point.prefetch)
         else:
             workers = Children(cfg, point.processes, point.concurrency, point.prefetch)
         await workers.start()
@@ -125,32 +142,37 @@ async def measure(cfg: dict[str, Any], point: Point, tick: Callable[[str, int, i
 
         rate = max(estimate / 2, 1.0)
         offered = max(1, min(n, int(rate * cfg["latency_seconds"])))
+        sent_at: list[float] = []  # when each job of the latency phase was enqueued
         phase2 = time.time()
         started, sent = time.perf_counter(), 0
         while sent < offered:
             due = min(offered, int(rate * (time.perf_counter() - started)) + 1) - sent
             if due > 0:
                 cpu0 = time.process_time()
+                at = time.time()
                 await app.enqueue(task, payloads(n + sent, due))
                 w.producer_cpu += time.process_time() - cpu0
+                sent_at += [at] * due
                 sent += due
             tick("latency", w.done() - n, offered)
             await asyncio.sleep(0.002)
-        await _until(lambda: w.done() >= n + sent, timeout,
-                     lambda: tick("latency", w.done() - n, offered))  # fmt: skip
-        final = await workers.stop()
+        await _until(
+            lambda: w.done() >= n + sent, timeout, lambda: tick("latency", w.done() - n, offered)
+        )
+        results = await workers.stop()
         ops1 = await _server_ops(app.broker)
     finally:
         if workers is not None:
             await workers.close()
         await app.close()
-    point.jobs, point.failed = len(final.times), final.failed
-    point.jobs_per_s = _drain_rate([b for a, b in final.times if a < phase2])
-    latencies = [(b - a) * 1000 for a, b in final.times if a >= phase2]
+    settled = sorted(t for r in results for t in r.settled)
+    point.jobs, point.failed = len(settled), sum(r.failed for r in results)
+    point.jobs_per_s = _drain_rate(settled[:n])  # the latency phase starts once n settled
+    latencies = _latencies(results, phase2, sent_at, n)
     if latencies:
         point.p50_ms, point.p99_ms = _percentile(latencies, 0.5), _percentile(latencies, 0.99)
     if point.jobs:
-        point.cpu_s_per_1k = final.cpu / point.jobs * 1000
+        point.cpu_s_per_1k = sum(r.cpu for r in results) / point.jobs * 1000
         if ops0 is not None and ops1 is not None:
             point.ops_per_job = (ops1 - ops0) / point.jobs
 

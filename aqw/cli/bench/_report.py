@@ -31,15 +31,19 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def _table(points: list[Point], chosen: Point | None) -> str:
-    head = (f"  {'procs':>5} {'conc':>5} {'prefetch':>8} {'jobs/s':>10} {'p50 ms':>8} "
-            f"{'p99 ms':>8} {'CPU s/1k':>9} {'ops/job':>8}")  # fmt: skip
+    head = (
+        f"  {'procs':>5} {'conc':>5} {'prefetch':>8} {'jobs/s':>10} {'p50 ms':>8} "
+        f"{'p99 ms':>8} {'CPU s/1k':>9} {'ops/job':>8}"
+    )
     rows = [head]
     for p in points:
         mark = "*" if p is chosen else " "
-        row = (f"{mark} {p.processes:>5} {p.concurrency:>5} {p.prefetch:>8} "
-               f"{_fmt(p.jobs_per_s, ',.0f'):>10} {_fmt(p.p50_ms, '.2f'):>8} "
-               f"{_fmt(p.p99_ms, '.2f'):>8} {_fmt(p.cpu_s_per_1k, '.3f'):>9} "
-               f"{_fmt(p.ops_per_job, '.1f'):>8}")  # fmt: skip
+        row = (
+            f"{mark} {p.processes:>5} {p.concurrency:>5} {p.prefetch:>8} "
+            f"{_fmt(p.jobs_per_s, ',.0f'):>10} {_fmt(p.p50_ms, '.2f'):>8} "
+            f"{_fmt(p.p99_ms, '.2f'):>8} {_fmt(p.cpu_s_per_1k, '.3f'):>9} "
+            f"{_fmt(p.ops_per_job, '.1f'):>8}"
+        )
         if p.error:
             row += f"  error: {p.error}"
         elif p.failed:
@@ -67,8 +71,10 @@ class Progress:
         self.last = now
         start, width = {"preload": (0.0, 0.2), "drain": (0.2, 0.5)}.get(phase, (0.7, 0.3))
         part = start + width * done / max(target, 1)
-        line = (f"{self._bar((index + part) / self.total)} {index + 1}/{self.total} "
-                f"{point.label}: {phase} {done}/{target}")  # fmt: skip
+        line = (
+            f"{self._bar((index + part) / self.total)} {index + 1}/{self.total} "
+            f"{point.label}: {phase} {done}/{target}"
+        )
         sys.stderr.write("\r" + line[:150].ljust(150))
         sys.stderr.flush()
 
@@ -94,20 +100,33 @@ def report(cfg: dict[str, Any], points: list[Point], *, as_json: bool) -> None:
     picked = recommend(points)
     chosen, best = picked if picked else (None, None)
     if as_json:
-        print(json.dumps({
-            "queue": cfg["queue"], "broker": redact(cfg["broker"]),
-            "work": None if cfg["app"] else cfg["work"], "app": cfg["app"], "task": cfg["task"],
-            "jobs": cfg["jobs"], "results": [asdict(p) for p in points],
-            "best": asdict(best) if best else None,
-            "recommendation": asdict(chosen) if chosen else None,
-        }, indent=2))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "queue": cfg["queue"],
+                    "broker": redact(cfg["broker"]),
+                    "work": None if cfg["app"] else cfg["work"],
+                    "app": cfg["app"],
+                    "task": cfg["task"],
+                    "jobs": cfg["jobs"],
+                    "results": [asdict(p) for p in points],
+                    "best": asdict(best) if best else None,
+                    "recommendation": asdict(chosen) if chosen else None,
+                },
+                indent=2,
+            )
+        )
         return
     what = f"task {cfg['task']}" if cfg["app"] else f"work={cfg['work']}"
-    print(f"aqw bench: {what}, {cfg['jobs']} jobs per setting, queue {cfg['queue']} "
-          f"on {redact(cfg['broker'])}")  # fmt: skip
+    print(
+        f"aqw bench: {what}, {cfg['jobs']} jobs per setting, queue {cfg['queue']} "
+        f"on {redact(cfg['broker'])}"
+    )
     print(_table(points, chosen))
     if chosen is None or best is None:
         print("no setting finished: no recommendation")
         return
-    print(f"recommended: {chosen.label}  ({chosen.jobs_per_s:,.0f} jobs/s; best "
-          f"{best.jobs_per_s:,.0f} jobs/s with {best.label})")  # fmt: skip
+    print(
+        f"recommended: {chosen.label}  ({chosen.jobs_per_s:,.0f} jobs/s; best "
+        f"{best.jobs_per_s:,.0f} jobs/s with {best.label})"
+    )

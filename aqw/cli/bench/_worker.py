@@ -1,6 +1,6 @@
 """The worker side of ``aqw bench``: the jobs it runs (synthetic, or a task of your app), and
-the workers that run them, counting when each job settled: one in this process
-(``memory://``) or child processes that report their counts as JSON lines on stdout."""
+the workers that run them, noting when jobs settled (from the workers' own counters): one in
+this process (``memory://``) or child processes that report as JSON lines on stdout."""
 
 from __future__ import annotations
 
@@ -18,11 +18,16 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from ...app import App
-from ...brokers import Broker
+from ...context import Context
 from ...errors import ConfigError
 from ...task import Task
+from ...worker import Worker
+from .._common import load_app
 
 CHILD_CODE = "from aqw.cli.bench._worker import child_main; child_main()"
+
+#: Seconds between two readings of a worker's counters.
+SAMPLE = 0.001
 
 
 class _Work(BaseModel):
@@ -42,18 +47,33 @@ async def _synthetic(work: _Work) -> None:
 Payloads = Callable[[int, int], list[Any]]
 
 
-def target(cfg: dict[str, Any]) -> tuple[App, Task[Any], Payloads]:
+@dataclass
+class Target:
     """The app (on the bench queue), the task and a payload maker ``(first, count)``."""
-    if cfg["app"]:
-        from .._main import load_app
 
+    app: App
+    task: Task[Any]
+    payloads: Payloads
+    #: The ``enqueued_at`` of each synthetic job run in this process, in the order their
+    #: handlers finished; None for a task of your app (its handler is not the bench's).
+    finished: list[float] | None = None
+
+
+def target(cfg: dict[str, Any]) -> Target:
+    """The app, task and payloads of the bench's jobs."""
+    if cfg["app"]:
         app = load_app(cfg["app"])
         app.use_broker(cfg["broker"], cfg["queue"])
-        task = app.get_task(cfg["task"])
         sample = cfg["payload"]
-        return app, task, lambda first, count: [sample] * count
+        return Target(app, app.get_task(cfg["task"]), lambda first, count: [sample] * count)
     app = App(cfg["broker"], queue=cfg["queue"])
-    task = app.task(name="aqw_bench")(_synthetic)
+    finished: list[float] = []
+
+    async def aqw_bench(work: _Work, ctx: Context) -> None:
+        await _synthetic(work)
+        finished.append(ctx.job.enqueued_at)
+
+    task = app.task(name="aqw_bench")(aqw_bench)
     kinds = ["noop", "sleep", "cpu"] if cfg["work"] == "mix" else [cfg["work"]]
     ms = {"noop": 0.0, "sleep": cfg["sleep_ms"], "cpu": cfg["cpu_ms"]}
 
@@ -61,67 +81,94 @@ def target(cfg: dict[str, Any]) -> tuple[App, Task[Any], Payloads]:
         picked = (kinds[i % len(kinds)] for i in range(first, first + count))
         return [{"kind": k, "ms": ms[k]} for k in picked]
 
-    return app, task, payloads
+    return Target(app, task, payloads, finished)
 
 
-class _Probe:
-    """Counts settled jobs and when they settled, by wrapping the broker's settle steps."""
+class Settles:
+    """When a worker's jobs settled, read from its own counters (``worker.stats``): a job
+    acknowledged (done, or skipped as a duplicate) or dead-lettered. The counters are read
+    every ``SAMPLE`` seconds; the jobs that settled in between are spread evenly over that
+    interval (each at the middle of its share)."""
 
-    def __init__(self, broker: Broker) -> None:
-        self.times: list[tuple[float, float]] = []  # (enqueued at, settled at)
-        self.failed = 0
-        ack, dead_letter = broker.ack, broker.dead_letter
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.times: list[float] = []
+        self._last = time.time()
+        self._task: asyncio.Task[None] | None = None
 
-        async def counted_ack(delivery: Any, lease: Any) -> bool:
-            ok = await ack(delivery, lease)
-            if ok and delivery.job is not None:
-                self.times.append((delivery.job.enqueued_at, time.time()))
-            return ok
+    def count(self) -> int:
+        """Jobs settled so far."""
+        s = self.worker.stats
+        return s.processed + s.duplicates_skipped + s.dead
 
-        async def counted_dead_letter(
-            delivery: Any, failure: Any, attempts: int, lease: Any
-        ) -> bool:
-            ok = await dead_letter(delivery, failure, attempts, lease)
-            if ok and delivery.job is not None:
-                self.failed += 1
-                self.times.append((delivery.job.enqueued_at, time.time()))
-            return ok
+    def failed(self) -> int:
+        """Jobs dead-lettered so far."""
+        return self.worker.stats.dead
 
-        broker.ack = counted_ack  # type: ignore[method-assign]
-        broker.dead_letter = counted_dead_letter  # type: ignore[method-assign]
+    def sample(self) -> None:
+        now, new = time.time(), self.count() - len(self.times)
+        if new > 0:
+            step = (now - self._last) / new
+            self.times += [self._last + step * (i + 0.5) for i in range(new)]
+        self._last = now
+
+    def start(self) -> None:
+        self._last = time.time()
+        self._task = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            self.sample()
+            await asyncio.sleep(SAMPLE)
+
+    async def stop(self) -> None:
+        """Stop reading; a last reading takes in what settled since the one before."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self.sample()
 
 
 @dataclass
-class _Final:
+class Result:
+    """What the workers of one process did in one setting."""
+
     cpu: float = 0.0
-    times: list[tuple[float, float]] = field(default_factory=list)
+    settled: list[float] = field(default_factory=list)  # when each job settled, in order
+    finished: list[float] | None = None  # ``Target.finished``
     failed: int = 0
 
 
 class InProcess:
     """One worker in this process and event loop (``memory://``)."""
 
-    def __init__(self, app: App, concurrency: int, prefetch: int) -> None:
-        self.app = app
-        self.probe = _Probe(app.broker)
-        self.worker = app.worker(concurrency=concurrency, prefetch=prefetch, grace=5.0)
+    def __init__(self, target: Target, concurrency: int, prefetch: int) -> None:
+        self.target = target
+        self.worker = target.app.worker(concurrency=concurrency, prefetch=prefetch, grace=5.0)
+        self.settles = Settles(self.worker)
         self.producer_cpu = 0.0
         self._cpu0 = 0.0
 
     async def start(self) -> None:
         self._cpu0 = time.process_time()
+        self.settles.start()
         await self.worker.start()
 
     def done(self) -> int:
-        return len(self.probe.times)
+        return self.settles.count()
 
-    async def stop(self) -> _Final:
+    async def stop(self) -> list[Result]:
         await self.worker.stop()
+        await self.settles.stop()
         cpu = time.process_time() - self._cpu0 - self.producer_cpu
-        return _Final(max(cpu, 0.0), list(self.probe.times), self.probe.failed)
+        finished = None if self.target.finished is None else list(self.target.finished)
+        return [Result(max(cpu, 0.0), list(self.settles.times), finished, self.settles.failed())]
 
     async def close(self) -> None:
         await self.worker.stop(grace=0)
+        await self.settles.stop()
 
 
 class Children:
@@ -132,7 +179,7 @@ class Children:
         self.count = count
         self.procs: list[asyncio.subprocess.Process] = []
         self.counts: list[int] = [0] * count
-        self.finals: list[_Final | None] = [None] * count
+        self.results: list[Result | None] = [None] * count
         self.ready = [asyncio.Event() for _ in range(count)]
         self.readers: list[asyncio.Task[None]] = []
         self.producer_cpu = 0.0
@@ -141,9 +188,14 @@ class Children:
         config = json.dumps(self.cfg)
         for i in range(self.count):
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-c", CHILD_CODE, config,
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=2**27,
-            )  # fmt: skip
+                sys.executable,
+                "-c",
+                CHILD_CODE,
+                config,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                limit=2**27,
+            )
             self.procs.append(proc)
             self.readers.append(asyncio.get_running_loop().create_task(self._read(i, proc)))
         deadline = time.monotonic() + 60
@@ -151,8 +203,10 @@ class Children:
             while not event.is_set():
                 if self.procs[i].returncode is not None or time.monotonic() > deadline:
                     code = self.procs[i].returncode
-                    raise ConfigError(f"a bench worker process did not start (exit status "
-                                      f"{code}); see its errors above")  # fmt: skip
+                    raise ConfigError(
+                        f"a bench worker process did not start (exit status "
+                        f"{code}); see its errors above"
+                    )
                 await asyncio.sleep(0.01)
 
     async def _read(self, i: int, proc: asyncio.subprocess.Process) -> None:
@@ -167,24 +221,22 @@ class Children:
             if msg.get("ready"):
                 self.ready[i].set()
             if msg.get("final"):
-                times = [(a, b) for a, b in msg["times"]]
-                self.finals[i] = _Final(msg["cpu"], times, msg["failed"])
+                self.results[i] = Result(msg["cpu"], msg["settled"], msg["finished"], msg["failed"])
         await proc.wait()
 
     def done(self) -> int:
         return sum(self.counts)
 
-    async def stop(self) -> _Final:
+    async def stop(self) -> list[Result]:
         await self.close()
-        final = _Final()
-        for i, one in enumerate(self.finals):
+        results: list[Result] = []
+        for i, one in enumerate(self.results):
             if one is None:
-                raise ConfigError(f"bench worker process {i} exited {self.procs[i].returncode} "
-                                  "without reporting")  # fmt: skip
-            final.cpu += one.cpu
-            final.times += one.times
-            final.failed += one.failed
-        return final
+                raise ConfigError(
+                    f"bench worker process {i} exited {self.procs[i].returncode} without reporting"
+                )
+            results.append(one)
+        return results
 
     async def close(self) -> None:
         """Stop every child: close its stdin (it stops gracefully), kill it after 15 s."""
@@ -220,10 +272,12 @@ async def _child(cfg: dict[str, Any]) -> None:
             reports.write(json.dumps(msg) + "\n")
             reports.flush()
 
-    app, _, _ = target(cfg)
-    probe = _Probe(app.broker)
-    worker = app.worker(concurrency=cfg["concurrency"], prefetch=cfg["prefetch"], grace=5.0,
-                        handle_signals=True)  # fmt: skip
+    bench = target(cfg)
+    app = bench.app
+    worker = app.worker(
+        concurrency=cfg["concurrency"], prefetch=cfg["prefetch"], grace=5.0, handle_signals=True
+    )
+    settles = Settles(worker)
     loop = asyncio.get_running_loop()
     stdin = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
@@ -235,20 +289,30 @@ async def _child(cfg: dict[str, Any]) -> None:
     async def report() -> None:
         last = -1
         while True:
-            if len(probe.times) != last:
-                last = len(probe.times)
+            if settles.count() != last:
+                last = settles.count()
                 emit({"done": last})
             await asyncio.sleep(0.02)
 
     cpu0 = time.process_time()
+    settles.start()
     await worker.start()
     emit({"ready": True})
     tasks = [loop.create_task(stop_on_eof()), loop.create_task(report())]
     await worker.wait_stopped()
     await worker.stop()
+    await settles.stop()
     cpu = time.process_time() - cpu0
     for task in tasks:
         task.cancel()
     await app.close()
-    emit({"final": True, "cpu": cpu, "times": probe.times, "failed": probe.failed,
-          "done": len(probe.times)})  # fmt: skip
+    emit(
+        {
+            "final": True,
+            "cpu": cpu,
+            "settled": settles.times,
+            "finished": bench.finished,
+            "failed": settles.failed(),
+            "done": len(settles.times),
+        }
+    )

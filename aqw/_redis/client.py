@@ -1,0 +1,53 @@
+"""Redis clients for aqw: bounded timeouts and retries, and broker URLs whose ``?queue=``
+option is taken off without losing the encoding of the others."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qsl, quote, urlencode
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+#: The errors of the Redis client library: for code that reports them without importing it.
+CLIENT_ERRORS: tuple[type[Exception], ...] = (RedisError,)
+
+#: Longest BLOCK of one XREADGROUP; short enough to notice a stop quickly.
+MAX_BLOCK = 2.0
+
+
+def make_client(url: str, **overrides: Any) -> Redis:
+    """A client with bounded timeouts that never re-sends a command by itself.
+
+    A command whose reply was lost may have run: re-sending an XADD would enqueue a job twice.
+    aqw retries where it knows a step is safe to repeat (every settle script refuses a second
+    run, a lease acquire by the same token is taken again), so the client does not. A broken
+    connection is re-opened by the next command."""
+    options: dict[str, Any] = {
+        "socket_connect_timeout": 5.0,
+        "socket_timeout": MAX_BLOCK + 10.0,
+        "socket_keepalive": True,
+        "health_check_interval": 30,
+        "retry": Retry(NoBackoff(), 0),
+    }
+    options.update(overrides)
+    return Redis.from_url(url, **options)
+
+
+def split_queue(url: str, default: str) -> tuple[str, str]:
+    """Take ``?queue=name`` off a redis URL: (url without it, queue name).
+
+    The other query options are decoded and percent-encoded again, in their order (blank
+    ones kept), so redis-py reads the values written: ``%2B``, ``%26`` and ``%20`` give
+    ``+``, ``&`` and a space, and a bare ``+`` is a plus sign (``ssl_ca_certs=/a+b/ca.pem``),
+    not a space as in an HTML form. The rest of the URL is kept as written (``urlunsplit``
+    would turn ``unix:///path`` into ``unix:/path``)."""
+    head, hash_, fragment = url.partition("#")
+    base, _, query = head.partition("?")
+    pairs = parse_qsl(query.replace("+", "%2B"), keep_blank_values=True)
+    queues = [value for name, value in pairs if name == "queue"]
+    rest = urlencode([(k, v) for k, v in pairs if k != "queue"], safe="/", quote_via=quote)
+    plain = base + ("?" + rest if rest else "") + hash_ + fragment
+    return plain, queues[-1] if queues else default

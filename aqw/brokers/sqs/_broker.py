@@ -1,0 +1,274 @@
+"""SQSBroker: the Broker contract on one SQS queue, by delegation to the parts it owns: the
+connection, the queues, the held messages, producing, consuming, leases, settling and the
+dead-letter queue. How aqw maps onto SQS: the package docstring (``aqw.brokers.sqs``)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ...errors import ConfigError
+from ...job import Job
+from ...lease import Lease, LeaseBackend
+from ..base import Broker, DeadJob, Delivery, Failure, QueueDepth
+from ._batching import Batcher
+from ._connection import Connection
+from ._consuming import Consumer
+from ._dead_letters import DeadLetters
+from ._held import HeldMessages
+from ._leases import LockStore, VisibilityLeases
+from ._limits import MAX_VISIBILITY, MAX_WAIT
+from ._messages import Entry
+from ._options import parse_url
+from ._producing import Producer
+from ._queues import Queues
+from ._settling import Settler
+
+
+class SQSBroker(Broker):
+    """A queue on Amazon SQS (standard or FIFO). See the package docstring for the mapping."""
+
+    system = "aws_sqs"
+
+    def __init__(
+        self,
+        queue: str,
+        *,
+        queue_url: str | None = None,
+        region: str | None = None,
+        endpoint_url: str | None = None,
+        dlq: str | None = None,
+        wait: int | None = None,
+        visibility: int | None = None,
+        default_task: str | None = None,
+        create: bool = False,
+        lock_store: LeaseBackend | str | None = None,
+        pool: int = 50,
+        pollers: int = 10,
+    ) -> None:
+        super().__init__(queue)
+        if wait is not None and not 0 <= wait <= MAX_WAIT:
+            raise ConfigError(f"sqs wait must be 0-{MAX_WAIT} seconds, got {wait!r}")
+        if visibility is not None and not 0 <= visibility <= MAX_VISIBILITY:
+            raise ConfigError(f"sqs visibility must be 0-{MAX_VISIBILITY} s, got {visibility!r}")
+        if pool < 1 or pollers < 1:
+            raise ConfigError(f"sqs pool and pollers must be >= 1, got {pool!r}, {pollers!r}")
+        connection = Connection(
+            region=region, endpoint_url=endpoint_url, pool=pool, setup=self._setup
+        )
+        queues = Queues(
+            connection, queue, url=queue_url, dlq=dlq, visibility=visibility, create=create
+        )
+        held = HeldMessages(lease_prefix=f"aqw:{{{queue}}}:lease:")
+        locks = LockStore(lock_store)
+        producer = Producer(connection, queues)
+        dead_letters = DeadLetters(connection, queues, producer, default_task=default_task)
+        self._connection, self._queues, self._held, self._locks = connection, queues, held, locks
+        self._producer, self._dead_letters = producer, dead_letters
+        self._consumer = Consumer(
+            connection,
+            queues,
+            held,
+            wait=wait,
+            pollers=pollers,
+            visibility=visibility,
+            default_task=default_task,
+        )
+        self._leases = VisibilityLeases(connection, queues, held, locks)
+        self._settler = Settler(connection, queues, held, locks, dead_letters)
+
+    def __repr__(self) -> str:
+        return f"<SQSBroker queue={self.queue!r} fifo={self.fifo} dlq={self.dlq_name!r}>"
+
+    @classmethod
+    def from_url(cls, url: str, queue: str = "default") -> SQSBroker:
+        """``sqs://NAME?opts`` or ``sqs://https://host/ACCOUNT/NAME?opts`` (see package doc)."""
+        name, settings = parse_url(url, queue)
+        return cls(name, **settings)
+
+    # -- settings, and what connecting found (read-only) --------------------------------------
+
+    @property
+    def lock_url(self) -> str | None:
+        """The ``locks=`` Redis URL of the lock store, when one was given."""
+        return self._locks.url
+
+    @property
+    def queue_url(self) -> str:
+        """The queue's URL: as given, else found by name on connect ("" until then)."""
+        return self._queues.url
+
+    @property
+    def fifo(self) -> bool:
+        """A FIFO queue: by its name, and after connecting by its FifoQueue attribute."""
+        return self._queues.fifo
+
+    @property
+    def dlq_name(self) -> str | None:
+        """The ``dlq=`` option: a queue name, ``none``, or None for the RedrivePolicy's."""
+        return self._queues.dlq_name
+
+    @property
+    def dlq_url(self) -> str | None:
+        """The dead-letter queue's URL; None without one (or before connecting)."""
+        return self._queues.dlq_url
+
+    @property
+    def max_receives(self) -> int | None:
+        """The maxReceiveCount of the queue's RedrivePolicy, once connected."""
+        return self._queues.max_receives
+
+    @property
+    def create(self) -> bool:
+        """Missing queues are created on connect (``create=1``)."""
+        return self._queues.create
+
+    @property
+    def region(self) -> str | None:
+        return self._connection.region
+
+    @property
+    def endpoint_url(self) -> str | None:
+        return self._connection.endpoint_url
+
+    @property
+    def pool(self) -> int:
+        """HTTP connections of the client."""
+        return self._connection.pool
+
+    @property
+    def wait(self) -> int | None:
+        """Long-poll seconds, overriding the runtime's block; None: the runtime's."""
+        return self._consumer.wait
+
+    @property
+    def visibility(self) -> int | None:
+        """The visibility timeout asked for on receive; None: the lease's, else the queue's."""
+        return self._consumer.visibility
+
+    @property
+    def pollers(self) -> int:
+        """Most concurrent ReceiveMessage calls of one fetch."""
+        return self._consumer.pollers
+
+    @property
+    def default_task(self) -> str | None:
+        """The task that consumes plain-JSON bodies of other producers (``task=``)."""
+        return self._consumer.default_task
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        await self._connection.connect()
+
+    async def _setup(self, client: Any, stack: contextlib.AsyncExitStack) -> None:
+        """What connecting does before the client is used: find the queues, open the lock
+        store (the connection calls it)."""
+        await self._queues.resolve(client)
+        self._locks.open(stack)
+
+    async def start_consuming(self, consumer: str) -> None:
+        await super().start_consuming(consumer)
+        await self._connection.ensure()
+        self._queues.require_dlq()
+
+    def expect_lease_ttl(self, seconds: float) -> None:
+        """The longest job lease the runtime will take: received messages then start with that
+        visibility (unless ``visibility=`` is set), so no lease needs an extension at acquire.
+        A hint: without it the acquire extends a visibility that is too short."""
+        self._consumer.expect_lease_ttl(seconds)
+
+    async def close(self) -> None:
+        await self._connection.close()
+        self._locks.close()
+
+    # -- producing and consuming -----------------------------------------------------------
+
+    async def publish(self, jobs: Sequence[Job]) -> None:
+        await self._producer.publish(jobs)
+
+    async def schedule(self, jobs: Sequence[Job], run_at: float) -> None:
+        await self._producer.schedule(jobs, run_at)
+
+    async def fetch(self, count: int, block: float) -> list[Delivery]:
+        """Up to ``count`` messages. One long poll when the queue looked idle; when a batch came
+        back full (a backlog), up to ``pollers`` ReceiveMessage calls run at once, so a fetch of
+        100 takes one round trip. FIFO queues ask one message per call (see package doc)."""
+        return await self._consumer.fetch(count, block)
+
+    async def reclaim(
+        self, count: int, lease_ttl: Callable[[Job | None], float], min_idle: float
+    ) -> list[Delivery]:
+        """Nothing to do: an unsettled message becomes visible again by itself when its
+        visibility timeout (the job's lease) runs out, and is then received anew."""
+        return []
+
+    def lease_backend(self) -> LeaseBackend:
+        return self._leases
+
+    async def keep_alive(self, delivery: Delivery) -> bool:
+        return delivery.id in self._held
+
+    # -- settling --------------------------------------------------------------------------
+
+    async def ack(
+        self, delivery: Delivery, job: Job | None, lease: Lease | None, record_ttl: float = 0.0
+    ) -> bool:
+        return await self._settler.ack(delivery, lease)
+
+    async def retry(self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None) -> bool:
+        """Hide the message for the backoff delay; the next receive is the next attempt (the
+        body, and so ``job``, cannot change on SQS)."""
+        return await self._settler.retry(delivery, run_at, lease)
+
+    async def dead_letter(
+        self,
+        delivery: Delivery,
+        job: Job | None,
+        failure: Failure,
+        attempts: int,
+        lease: Lease | None,
+    ) -> bool:
+        return await self._settler.dead_letter(delivery, job, failure, attempts, lease)
+
+    async def requeue(self, delivery: Delivery, lease: Lease | None) -> bool:
+        return await self._settler.requeue(delivery, lease)
+
+    # -- inspection ------------------------------------------------------------------------
+
+    async def depth(self) -> QueueDepth:
+        """Approximate counts from GetQueueAttributes. Messages hidden by a retry or a
+        not-yet-due delay count as in flight."""
+        return await self._queues.depth()
+
+    async def stats(self) -> dict[str, int]:
+        """Counters of this broker instance (SQS keeps none per queue)."""
+        return dict(self._settler.counts)
+
+    # -- dead-letter queue -----------------------------------------------------------------
+
+    async def dlq_list(self, count: int = 100, after: str | None = None) -> list[DeadJob]:
+        return await self._dead_letters.dlq_list(count, after)
+
+    async def dlq_get(self, entry_id: str) -> DeadJob | None:
+        return await self._dead_letters.dlq_get(entry_id)
+
+    async def dlq_replay(self, entries: Sequence[tuple[str, Job]]) -> int:
+        return await self._dead_letters.dlq_replay(entries)
+
+    async def dlq_delete(self, entry_ids: Sequence[str]) -> int:
+        return await self._dead_letters.dlq_delete(entry_ids)
+
+    # -- for tests and debugging: the client, the batchers, a message's SendMessage fields -----
+
+    @property
+    def _client(self) -> Any:
+        return self._connection.client
+
+    @property
+    def _batchers(self) -> dict[tuple[str, str], Batcher]:
+        return self._connection.batchers
+
+    def _entry(self, job: Job, delay: int = 0, not_before: float | None = None) -> Entry:
+        return self._producer.entry(job, delay, not_before)

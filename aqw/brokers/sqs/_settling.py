@@ -1,0 +1,99 @@
+"""Settling deliveries (``Settler``): each step stops tracking the message, settles it on SQS
+(a delete, or a visibility change), frees the job's lease in the lock store, and is counted."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+from ...job import Job
+from ...lease import Lease
+from ..base import Delivery, Failure
+from ._connection import Connection
+from ._dead_letters import DeadLetters
+from ._held import HeldMessages
+from ._leases import LockStore
+from ._limits import MAX_VISIBILITY
+from ._queues import Queues
+
+log = logging.getLogger("aqw.sqs")
+
+
+class Settler:
+    """SQSBroker's ``ack``, ``retry``, ``dead_letter`` and ``requeue``. Each returns False,
+    touching nothing, when another holder runs the job now; ``counts`` are what it did."""
+
+    def __init__(
+        self,
+        connection: Connection,
+        queues: Queues,
+        held: HeldMessages,
+        locks: LockStore,
+        dead_letters: DeadLetters,
+    ) -> None:
+        self._connection = connection
+        self._queues = queues
+        self._held = held
+        self._locks = locks
+        self._dead_letters = dead_letters
+        self.counts: dict[str, int] = {}
+
+    def _bump(self, name: str) -> None:
+        self.counts[name] = self.counts.get(name, 0) + 1
+
+    async def ack(self, delivery: Delivery, lease: Lease | None) -> bool:
+        held = self._held.take(delivery, lease)
+        if held is None:
+            return False
+        ok = await self._connection.delete(held.receipt, self._queues.url)
+        await self._locks.unlock(lease)
+        self._bump("processed" if ok else "ack_refused")
+        return ok
+
+    async def retry(self, delivery: Delivery, run_at: float, lease: Lease | None) -> bool:
+        """Hide the message until ``run_at``, at most 12 h from its receive."""
+        held = self._held.take(delivery, lease)
+        if held is None:
+            return False
+        wanted = math.ceil(max(0.0, run_at - time.time()))
+        budget = max(0, MAX_VISIBILITY - math.ceil(time.monotonic() - held.received) - 1)
+        if wanted > budget:
+            log.warning(
+                "message %s: retry delay %ds capped at %ds (SQS allows 12 h from the receive)",
+                delivery.id,
+                wanted,
+                budget,
+            )
+        seconds = min(wanted, budget)
+        ok = await self._connection.set_visibility(held.receipt, seconds, self._queues.url)
+        await self._locks.unlock(lease)
+        self._bump("retried" if ok else "retry_refused")
+        return ok
+
+    async def dead_letter(
+        self,
+        delivery: Delivery,
+        job: Job | None,
+        failure: Failure,
+        attempts: int,
+        lease: Lease | None,
+    ) -> bool:
+        """Send to the DLQ (or drop with an error log, with ``dlq=none``), then delete."""
+        held = self._held.take(delivery, lease)
+        if held is None:
+            return False
+        await self._dead_letters.send(delivery, job, failure, attempts)
+        ok = await self._connection.delete(held.receipt, self._queues.url)
+        await self._locks.unlock(lease)
+        self._bump("dead")
+        return ok
+
+    async def requeue(self, delivery: Delivery, lease: Lease | None) -> bool:
+        held = self._held.take(delivery, lease)
+        if held is None:
+            return False
+        ok = await self._connection.set_visibility(held.receipt, 0, self._queues.url)
+        await self._locks.unlock(lease)
+        self._bump("requeued")
+        return ok

@@ -1,0 +1,77 @@
+"""``aqw status``: the screen of ``aqw.status`` (or one job's running state), once, as JSON,
+or refreshed every few seconds until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+from typing import Any
+
+from ..app import App
+from ..status import gather_status, render, render_job
+from ._common import add_target, resolve_app
+
+
+def add_parser(sub: Any) -> None:
+    """Add ``aqw status`` to the command line's subparsers."""
+    p = sub.add_parser("status", help="queue depth, rates, workers, alerts; or one job's state")
+    add_target(p, positional_app=False)
+    p.add_argument("job_id", nargs="?", help="show this job's running state instead")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    p.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS")
+
+
+async def run(args: argparse.Namespace) -> int:
+    """``aqw status [JOB_ID] [--json] [--watch SECONDS]``."""
+    app = resolve_app(args, need_app=False)
+    try:
+        if getattr(args, "job_id", None):
+            state = await app.job_status(args.job_id)
+            if args.json:
+                print(
+                    json.dumps(
+                        {"job_id": args.job_id, "running": state is not None, "state": state},
+                        indent=2,
+                        ensure_ascii=True,  # control characters as \uXXXX escapes
+                    )
+                )
+            else:
+                sys.stdout.write(render_job(args.job_id, state))
+            return 0
+        if not getattr(args, "watch", None):
+            _show(await gather_status(app), args.json, clear=False)
+            return 0
+        await _watch(app, float(args.watch), args.json)
+        return 0
+    finally:
+        await app.close()
+
+
+def _show(status: dict[str, Any], as_json: bool, clear: bool) -> None:
+    # ensure_ascii: every control character (ESC included) is written as a \uXXXX escape.
+    text = json.dumps(status, indent=2, ensure_ascii=True) + "\n" if as_json else render(status)
+    sys.stdout.write(("\x1b[2J\x1b[H" if clear else "") + text)
+    sys.stdout.flush()
+
+
+async def _watch(app: App, every: float, as_json: bool) -> None:
+    """Refresh every ``every`` seconds until Ctrl-C (SIGINT) or SIGTERM."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        while not stop.is_set():
+            _show(await gather_status(app), as_json, clear=not as_json)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(every, 0.1)):
+                    await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)

@@ -1,0 +1,92 @@
+"""OpenTelemetry spans and metrics: every name in one place.
+
+The library uses ``opentelemetry-api`` only. With no SDK configured (the API's proxy
+providers), tracing and metrics are switched off at the source: no span objects are made and
+no instruments touched, so the overhead is a couple of attribute checks per job.
+
+Spans (OpenTelemetry messaging semantic conventions):
+
+- ``publish <queue>`` (PRODUCER) around enqueue; injects ``traceparent``/``tracestate`` into
+  the job headers.
+- ``process <queue>`` (CONSUMER) per job; continues the producer's trace (``link=False``,
+  the default: a child) or starts a new trace linked to it (``link=True``). Children:
+  ``receive <queue>`` (the fetch that delivered it), ``aqw.lease.acquire``, ``aqw.handler``
+  (current while the handler runs, so its own spans nest under it) and ``aqw.settle``.
+  Events: ``aqw.lease.renewed``, ``aqw.lease.lost``, ``aqw.job.stuck``.
+- ``aqw.lock <name>`` around ``ctx.lock(...)`` acquisitions.
+
+The package, one idea a module: ``_names`` (every span, event, attribute and metric name),
+``_instruments`` (the meter's instruments, made once per meter provider), ``_telemetry``
+(``Telemetry``), ``_job_trace`` (``JobTrace``: one job's ``process`` span and its children)
+and ``_otel`` (``configure_otel``, ``shutdown_otel``, telling an SDK from the API's defaults).
+"""
+
+from __future__ import annotations
+
+from ._job_trace import JobTrace, now_ns
+from ._names import (
+    ATTR_ATTEMPT,
+    ATTR_BATCH_COUNT,
+    ATTR_CONSUMER_GROUP,
+    ATTR_DESTINATION,
+    ATTR_DLQ_REASON,
+    ATTR_FENCING_TOKEN,
+    ATTR_LEASE_WAIT,
+    ATTR_LOCK,
+    ATTR_MESSAGE_ID,
+    ATTR_OPERATION_NAME,
+    ATTR_OPERATION_TYPE,
+    ATTR_OUTCOME,
+    ATTR_RETRY_DELAY,
+    ATTR_SYSTEM,
+    ATTR_TASK,
+    EVENT_LOST,
+    EVENT_RENEWED,
+    EVENT_STUCK,
+    METRICS,
+    SCOPE,
+    SPAN_HANDLER,
+    SPAN_LEASE,
+    SPAN_LOCK,
+    SPAN_PROCESS,
+    SPAN_PUBLISH,
+    SPAN_RECEIVE,
+    SPAN_SETTLE,
+)
+from ._otel import configure_otel, shutdown_otel
+from ._telemetry import Telemetry
+
+__all__ = [
+    "ATTR_ATTEMPT",
+    "ATTR_BATCH_COUNT",
+    "ATTR_CONSUMER_GROUP",
+    "ATTR_DESTINATION",
+    "ATTR_DLQ_REASON",
+    "ATTR_FENCING_TOKEN",
+    "ATTR_LEASE_WAIT",
+    "ATTR_LOCK",
+    "ATTR_MESSAGE_ID",
+    "ATTR_OPERATION_NAME",
+    "ATTR_OPERATION_TYPE",
+    "ATTR_OUTCOME",
+    "ATTR_RETRY_DELAY",
+    "ATTR_SYSTEM",
+    "ATTR_TASK",
+    "EVENT_LOST",
+    "EVENT_RENEWED",
+    "EVENT_STUCK",
+    "METRICS",
+    "SCOPE",
+    "SPAN_HANDLER",
+    "SPAN_LEASE",
+    "SPAN_LOCK",
+    "SPAN_PROCESS",
+    "SPAN_PUBLISH",
+    "SPAN_RECEIVE",
+    "SPAN_SETTLE",
+    "JobTrace",
+    "Telemetry",
+    "configure_otel",
+    "now_ns",
+    "shutdown_otel",
+]

@@ -1,0 +1,207 @@
+"""``Telemetry``: the tracing and metrics of one queue -- counters, histograms, gauges, the
+publish and lock spans, and redacted error recording."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import metrics, propagate, trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+from .._redact import redact_error, redact_message, redact_traceback
+from .._version import __version__
+from ._instruments import INSTRUMENTS, GaugeSource, Instruments
+from ._job_trace import NO_TRACE, JobTrace, RecordingJobTrace
+from ._names import (
+    ATTR_BATCH_COUNT,
+    ATTR_DESTINATION,
+    ATTR_LOCK,
+    ATTR_MESSAGE_ID,
+    ATTR_OPERATION_NAME,
+    ATTR_OPERATION_TYPE,
+    ATTR_SYSTEM,
+    ATTR_TASK,
+    SCOPE,
+    SPAN_LOCK,
+    SPAN_PUBLISH,
+)
+from ._otel import sdk_configured
+
+if TYPE_CHECKING:
+    from ..brokers.base import QueueDepth
+    from ..job import Job
+
+
+class Telemetry:
+    """Tracing and metrics for one queue. Off (and nearly free) when no SDK is configured.
+
+    Args:
+        queue: the queue name (``messaging.destination.name``).
+        system: ``messaging.system`` (``redis``, ``aws_sqs``, ``memory``).
+        tracer_provider: an explicit tracer provider (default: the global one).
+        meter_provider: an explicit meter provider (default: the global one).
+        link: start each job's ``process`` span in a new trace linked to the producer's,
+            instead of as its child.
+        redact: record errors on spans without payload contents: ``exception.message``,
+            ``exception.stacktrace`` and the ERROR status carry ``aqw._redact`` text (a
+            ``ValidationError`` as locations and messages, no input values). False: the
+            raw ``str(error)`` and traceback, as the OpenTelemetry SDK records them.
+    """
+
+    def __init__(
+        self,
+        queue: str,
+        system: str,
+        *,
+        tracer_provider: trace.TracerProvider | None = None,
+        meter_provider: metrics.MeterProvider | None = None,
+        link: bool = False,
+        redact: bool = True,
+    ) -> None:
+        tp = tracer_provider or trace.get_tracer_provider()
+        mp = meter_provider or metrics.get_meter_provider()
+        self.queue = queue
+        self.link = link
+        self.redact = redact
+        self.tracing = sdk_configured(tp)
+        self.metering = sdk_configured(mp)
+        self.tracer = tp.get_tracer(SCOPE, __version__)
+        self.attributes: dict[str, Any] = {ATTR_SYSTEM: system, ATTR_DESTINATION: queue}
+        self._instruments: Instruments | None = None
+        if self.metering:
+            if mp not in INSTRUMENTS:
+                INSTRUMENTS[mp] = Instruments(mp.get_meter(SCOPE, __version__))
+            self._instruments = INSTRUMENTS[mp]
+        self._metric_attrs: dict[str, dict[str, Any]] = {}
+
+    # -- metrics ---------------------------------------------------------------------------
+
+    def metric_attributes(self, task: str | None) -> dict[str, Any]:
+        """The attributes of this queue's metric points (with ``aqw.task`` when ``task`` is
+        given), made once per task and shared: copy before changing them."""
+        key = task or ""
+        attrs = self._metric_attrs.get(key)
+        if attrs is None:
+            attrs = {ATTR_SYSTEM: self.attributes[ATTR_SYSTEM], ATTR_DESTINATION: self.queue}
+            if task:
+                attrs[ATTR_TASK] = task
+            self._metric_attrs[key] = attrs
+        return attrs
+
+    def count(self, name: str, task: str | None = None, n: int = 1) -> None:
+        """Add ``n`` to counter ``name`` (one of ``METRICS``)."""
+        if self._instruments is not None:
+            key = (name, self.queue, task or "")
+            total = self._instruments.totals.get(key)
+            if total is None:
+                self._instruments.totals[key] = [n, self.metric_attributes(task)]
+            else:
+                total[0] += n
+
+    def observe(self, name: str, value: float, task: str | None = None) -> None:
+        """Record ``value`` in histogram ``name``."""
+        if self._instruments is not None:
+            self._instruments.histograms[name].record(value, self.metric_attributes(task))
+
+    def add_gauges(self, source: GaugeSource) -> None:
+        """Register a source of gauge readings: (metric name, value, attributes) tuples."""
+        if self._instruments is not None:
+            self._instruments.gauge_sources.append(source)
+
+    def remove_gauges(self, source: GaugeSource) -> None:
+        if self._instruments is not None and source in self._instruments.gauge_sources:
+            self._instruments.gauge_sources.remove(source)
+
+    def depth_readings(self, depth: QueueDepth) -> list[tuple[str, float, dict[str, Any]]]:
+        """Gauge readings of a queue depth snapshot."""
+        attrs = self.metric_attributes(None)
+        return [
+            ("aqw.queue.depth", depth.waiting, attrs),
+            ("aqw.queue.in_flight", depth.in_flight, attrs),
+            ("aqw.queue.delayed", depth.delayed, attrs),
+            ("aqw.queue.dlq", depth.dead, attrs),
+        ]
+
+    def cache_hook(self) -> Callable[[str, str], None]:
+        """An ``on_event`` hook for ``aqw.Cache`` that counts hits and misses."""
+
+        def on_event(event: str, key: str) -> None:
+            if event == "hit":
+                self.count("aqw.cache.hits")
+            elif event == "miss":
+                self.count("aqw.cache.misses")
+
+        return on_event
+
+    # -- spans -----------------------------------------------------------------------------
+
+    def record_error(self, span: Span, error: BaseException, *, status: bool = False) -> None:
+        """Add ``error`` to ``span`` as an ``exception`` event (and, with ``status``, set
+        the span's ERROR status), its message and stacktrace redacted unless ``redact`` is
+        off. Use this instead of ``span.record_exception``, which records ``str(error)``."""
+        if not span.is_recording():
+            return
+        if self.redact:
+            span.record_exception(
+                error,
+                attributes={
+                    "exception.message": redact_message(error),
+                    "exception.stacktrace": redact_traceback(error),
+                },
+            )
+            description = redact_error(error)
+        else:
+            span.record_exception(error)
+            description = f"{type(error).__name__}: {error}"
+        if status:
+            span.set_status(Status(StatusCode.ERROR, description))
+
+    @contextmanager
+    def publish(self, jobs: Sequence[Job]) -> Iterator[None]:
+        """The producer span around an enqueue; fills each job's trace headers."""
+        if not self.tracing:
+            yield
+            return
+        attrs = dict(self.attributes)
+        attrs[ATTR_OPERATION_TYPE] = "send"
+        attrs[ATTR_OPERATION_NAME] = "publish"
+        if len(jobs) == 1:
+            attrs[ATTR_MESSAGE_ID] = jobs[0].id
+            attrs[ATTR_TASK] = jobs[0].task
+        else:
+            attrs[ATTR_BATCH_COUNT] = len(jobs)
+        name = SPAN_PUBLISH.format(queue=self.queue)
+        with self.tracer.start_as_current_span(
+            name,
+            kind=SpanKind.PRODUCER,
+            attributes=attrs,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            for job in jobs:
+                propagate.inject(job.headers)
+            try:
+                yield
+            except Exception as exc:
+                self.record_error(span, exc, status=True)
+                raise
+
+    def job(self, job: Job, fetched: tuple[int, int] | None = None) -> JobTrace:
+        """The trace of one job's processing (a no-op when tracing is off)."""
+        if not self.tracing:
+            return NO_TRACE
+        jt = RecordingJobTrace(self, job, fetched)
+        if not jt.span.is_recording():  # sampled out: no children, no events
+            jt.span.end()
+            return NO_TRACE
+        return jt
+
+    def lock(self, name: str) -> AbstractContextManager[Any]:
+        """A span around a lock acquisition."""
+        if not self.tracing:
+            return nullcontext()
+        attrs = dict(self.attributes)
+        attrs[ATTR_LOCK] = name
+        return self.tracer.start_as_current_span(SPAN_LOCK.format(name=name), attributes=attrs)

@@ -1,0 +1,144 @@
+"""How jobs reach a worker's slots: the fetch loop (with backpressure, and the end of a
+burst), the loop that moves due delayed jobs into the queue, and crash recovery."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from ..brokers.base import Broker
+from ..job import Job
+from ..telemetry import Telemetry, now_ns
+from ._backoff import Backoff
+from ._slots import Slots
+
+log = logging.getLogger("aqw.worker")
+
+#: In burst mode, delayed jobs due within this many seconds are waited for.
+BURST_HORIZON = 10.0
+
+
+class Intake:
+    """The background loops that feed ``slots`` from ``broker`` until ``stop`` is set.
+
+    Args:
+        prefetch: deliveries fetched ahead of free slots.
+        burst: set ``stop`` once the queue is empty (delayed jobs due soon included).
+        lease_ttl: the lease TTL of a job (``None``: one that does not decode).
+        min_ttl: the shortest lease TTL of the app's tasks: recovery scans several times
+            per that TTL, and claims each job once its own lease has lapsed.
+    """
+
+    def __init__(
+        self,
+        broker: Broker,
+        slots: Slots,
+        stop: asyncio.Event,
+        tel: Telemetry,
+        *,
+        prefetch: int,
+        burst: bool,
+        lease_ttl: Callable[[Job | None], float],
+        min_ttl: float,
+    ) -> None:
+        self.broker = broker
+        self.slots = slots
+        self.stop = stop
+        self.tel = tel
+        self.prefetch = prefetch
+        self.burst = burst
+        self.lease_ttl = lease_ttl
+        self.min_ttl = min_ttl
+        self.transient = broker.transient_errors
+        self.next_due: float | None = None
+        self._idle_fetches = 0
+
+    async def fetch_loop(self) -> None:
+        backoff = Backoff()
+        slots = self.slots
+        while not self.stop.is_set():
+            slots.start_buffered()
+            want = slots.free + self.prefetch - slots.buffered
+            if slots.free <= 0 or want <= 0:
+                await slots.wait_free()
+                continue
+            try:
+                fetch_started = now_ns() if self.tel.tracing else 0
+                deliveries = await self.broker.fetch(want, block=0.25 if self.burst else 2.0)
+                if fetch_started and deliveries:
+                    received = (fetch_started, now_ns())
+                    for delivery in deliveries:
+                        delivery.received = received
+            except self.transient as exc:
+                delay = backoff.next()
+                log.warning("fetch failed (%r); retrying in %.2fs", exc, delay)
+                await asyncio.sleep(delay)
+                continue
+            backoff.reset()
+            for delivery in deliveries:
+                slots.offer(delivery)
+            if self.burst:
+                await self._check_burst_done(bool(deliveries))
+
+    async def _check_burst_done(self, got_work: bool) -> None:
+        slots = self.slots
+        if got_work or slots.in_flight or slots.buffered:
+            self._idle_fetches = 0
+            return
+        self._idle_fetches += 1
+        if self._idle_fetches < 2:
+            return
+        try:
+            depth = await self.broker.depth()
+        except self.transient:
+            return
+        if depth.waiting or depth.in_flight:
+            return
+        if depth.delayed:
+            try:
+                wait = await self.broker.promote_due()
+            except self.transient:
+                return
+            if wait is None or wait < BURST_HORIZON:
+                # Due soon (a retry, a delayed job: part of this burst), or just moved to
+                # the queue by this very call: look again on the next pass.
+                return
+        if not slots.buffered and not slots.in_flight:
+            log.info("burst: the queue is empty; stopping")
+            self.stop.set()
+
+    async def promote_loop(self) -> None:
+        backoff = Backoff()
+        while not self.stop.is_set():
+            try:
+                wait = await self.broker.promote_due()
+            except self.transient as exc:
+                delay = backoff.next()
+                log.warning("moving due jobs failed (%r); retrying in %.2fs", exc, delay)
+                await asyncio.sleep(delay)
+                continue
+            backoff.reset()
+            self.next_due = None if wait is None else time.time() + wait
+            await asyncio.sleep(0.05 if wait is None else min(wait, 0.05))
+
+    async def reclaim_loop(self) -> None:
+        """Take over jobs whose consumer stopped: each once its own lease has lapsed (the
+        broker checks the lease key atomically with the claim)."""
+        interval = min(max(self.min_ttl / 4, 0.1), 5.0)
+        slots = self.slots
+        while not self.stop.is_set():
+            await asyncio.sleep(interval)
+            free = slots.free - slots.buffered
+            if free <= 0:
+                continue
+            try:
+                deliveries = await self.broker.reclaim(free, self.lease_ttl, self.min_ttl)
+            except self.transient as exc:
+                log.warning("reclaiming abandoned jobs failed (%r)", exc)
+                continue
+            if deliveries:
+                log.info("reclaimed %d jobs abandoned by a stopped consumer", len(deliveries))
+            for delivery in deliveries:
+                slots.offer(delivery)

@@ -1,0 +1,99 @@
+"""A worker's job slots: at most ``concurrency`` jobs run at once, each in its own task, and
+up to ``prefetch`` more wait in a buffer for a slot to free."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from ..brokers.base import Broker, Delivery
+
+log = logging.getLogger("aqw.worker")
+
+#: Runs one delivery in a slot: ``(delivery, seconds it waited in the buffer)``.
+Runner = Callable[[Delivery, float], Coroutine[Any, Any, None]]
+
+
+class Slots:
+    """Job tasks, the fetch buffer, and the event that says a slot came free."""
+
+    def __init__(self, concurrency: int, run: Runner) -> None:
+        self.concurrency = concurrency
+        self._run = run
+        self.jobs: dict[asyncio.Task[None], str] = {}  # job task -> its delivery id
+        #: Jobs that finished running and are settling: a shutdown must not cancel them.
+        self.settling: set[asyncio.Task[Any]] = set()
+        self._buffer: deque[tuple[Delivery, float]] = deque()  # (delivery, buffered at)
+        self._freed = asyncio.Event()
+
+    @property
+    def in_flight(self) -> int:
+        """Jobs running now."""
+        return len(self.jobs)
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    @property
+    def free(self) -> int:
+        """Slots free now."""
+        return self.concurrency - len(self.jobs)
+
+    def offer(self, delivery: Delivery) -> None:
+        """Start ``delivery`` in a free slot, or buffer it until one frees."""
+        if self.free > 0:
+            self._start(delivery, 0.0)
+        else:
+            self._buffer.append((delivery, time.monotonic()))
+
+    def start_buffered(self) -> None:
+        """Move buffered deliveries into the free slots."""
+        while self.free > 0 and self._buffer:
+            delivery, since = self._buffer.popleft()
+            self._start(delivery, time.monotonic() - since)
+
+    async def wait_free(self) -> None:
+        """Wait until a running job ends."""
+        self._freed.clear()
+        await self._freed.wait()
+
+    async def give_back_buffer(self, broker: Broker) -> None:
+        """Hand every buffered delivery back to the broker (the worker is stopping)."""
+        while self._buffer:
+            delivery, _ = self._buffer.popleft()
+            with contextlib.suppress(Exception):
+                await broker.requeue(delivery, None)
+
+    async def cancel(self, pending: set[asyncio.Task[None]], grace: float, within: float) -> None:
+        """Cancel jobs still running after the grace period (they hand themselves back for
+        immediate redelivery), again each second until they exit or ``within`` seconds pass,
+        but let a job that is already settling finish: it is done, and cancelling it now
+        would only make it run again."""
+        running = {t for t in pending if t not in self.settling}
+        log.warning("cancelling %d jobs still running after %.1fs", len(running), grace)
+        deadline = time.monotonic() + within
+        while pending and time.monotonic() < deadline:
+            for task in pending:
+                if task not in self.settling:
+                    task.cancel()  # again each pass: a client may swallow one cancellation
+            _, pending = await asyncio.wait(pending, timeout=1.0)
+        if pending:
+            log.error("%d jobs did not stop; abandoning them to redelivery", len(pending))
+
+    def _start(self, delivery: Delivery, waited: float) -> None:
+        task = asyncio.get_running_loop().create_task(self._run(delivery, waited))
+        self.jobs[task] = delivery.id
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self.jobs.pop(task, None)
+        self.settling.discard(task)
+        self._freed.set()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("job runner crashed", exc_info=task.exception())

@@ -1,0 +1,662 @@
+"""The layout rules of ``aqw/``, read from the source with ``ast`` (nothing of aqw is imported).
+
+One import direction, top to bottom; a module imports only its own layer or below:
+
+====  =====================================================================================
+L0    ``aqw.cli`` (and everything under it), ``aqw.__main__``
+L1    ``aqw.fastapi``, ``aqw.monitor``, ``aqw.status``, ``aqw.dashboard``
+L2    ``aqw.app``, ``aqw.dlq``
+L3    ``aqw.worker``
+L4    ``aqw.task``, ``aqw.context``, ``aqw.telemetry``, ``aqw.cache``, ``aqw._cache_entry``,
+      ``aqw.idempotency``
+L5    ``aqw.brokers``
+L6    ``aqw.lease``, ``aqw.redlock``, ``aqw.retry``
+L7    ``aqw._redis``, ``aqw.job``, ``aqw.errors``, ``aqw._ids``, ``aqw._cancel``,
+      ``aqw._text``, ``aqw._redact``, ``aqw._damage``, ``aqw._version``
+====  =====================================================================================
+
+``aqw/__init__.py`` (the public face) may import anything, and nothing inside aqw imports it:
+it sits above every layer. Imports under ``if TYPE_CHECKING:`` and inside functions count:
+the worker and the tasks see the App through Protocols, not by importing ``aqw.app``.
+
+Also: ``import redis`` only in the Redis plumbing, no function-level imports of aqw modules
+(except the lazy load of an optional extra, listed in ``LAZY_EXTRAS``), no import cycles, no
+``from X import _name`` across modules, no module over ``MAX_LINES`` lines.
+
+Every rule is a function of the package's root directory returning the problems it found,
+so the same checks run on the real ``aqw/`` and, in the ``test_rule_*`` tests at the end, on
+small hand-made trees that show each rule can fail and passes on a clean layout.
+"""
+
+from __future__ import annotations
+
+import ast
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+AQW = ROOT / "aqw"
+
+#: The public face: above every layer. It may import anything; nothing imports it.
+PUBLIC = -1
+
+#: Module name prefixes of each layer, top (0) to bottom. A prefix covers the module and,
+#: for a package, everything under it.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("cli", "__main__"),
+    ("fastapi", "monitor", "status", "dashboard"),
+    ("app", "dlq"),
+    ("worker",),
+    ("task", "context", "telemetry", "cache", "_cache_entry", "idempotency"),
+    ("brokers",),
+    ("lease", "_lease_keeper", "redlock", "retry"),
+    ("_redis", "job", "errors", "_ids", "_cancel", "_text", "_redact", "_damage", "_version"),
+)
+
+#: Where ``import redis`` may appear, as paths relative to the package root (a directory
+#: covers everything under it).
+REDIS_ALLOWED = (
+    "_redis/",
+    "brokers/redis.py",
+    "brokers/_redis_status.py",  # the Redis broker's status records, split from redis.py
+    "cache.py",
+    "redlock.py",
+)
+
+#: Function-level imports of aqw modules that are lazy loads of optional extras:
+#: (importer module, imported module) -> why.
+LAZY_EXTRAS: dict[tuple[str, str], str] = {
+    # sqs:// needs the 'sqs' extra (aioboto3); loaded only when a URL asks for it.
+    ("aqw.brokers", "aqw.brokers.sqs"): "aioboto3 is the optional 'sqs' extra",
+}
+
+#: A module longer than this is two ideas.
+MAX_LINES = 400
+
+
+# --------------------------------------------------------------------------- the parser
+
+
+@dataclass(frozen=True)
+class Import:
+    """One imported module, as one statement names it."""
+
+    importer: str  # the importing module, e.g. "aqw.worker._worker"
+    target: str  # the absolute module name imported, e.g. "aqw.brokers.base"
+    names: tuple[str, ...]  # for ``from target import a, b``: the names taken from target
+    path: str  # the importer's file, relative to the repository, e.g. "aqw/app.py"
+    line: int
+    in_function: bool
+    type_checking: bool
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.line}"
+
+    @property
+    def how(self) -> str:
+        kinds = [
+            kind
+            for kind, on in (
+                ("in a function", self.in_function),
+                ("TYPE_CHECKING", self.type_checking),
+            )
+            if on
+        ]
+        return f" [{', '.join(kinds)}]" if kinds else ""
+
+
+@dataclass
+class Module:
+    name: str
+    path: Path
+    rel: str  # path relative to the package root, e.g. "brokers/redis.py"
+    shown: str  # path as shown in messages, e.g. "aqw/brokers/redis.py"
+    lines: int
+    is_package: bool
+    imports: list[Import] = field(default_factory=list)  # of modules of the package
+    external: list[tuple[str, int, bool]] = field(default_factory=list)  # (module, line, in_fn)
+
+
+def _module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join([root.name, *parts])
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _walk(
+    node: ast.AST, in_function: bool = False, type_checking: bool = False
+) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool, bool]]:
+    """Every import statement in ``node``, with whether it sits in a function body and
+    under ``if TYPE_CHECKING:``."""
+    if isinstance(node, ast.Import | ast.ImportFrom):
+        yield node, in_function, type_checking
+        return
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+        in_function = True
+    if isinstance(node, ast.If) and _is_type_checking(node.test):
+        for stmt in node.body:
+            yield from _walk(stmt, in_function, True)
+        for stmt in node.orelse:
+            yield from _walk(stmt, in_function, type_checking)
+        return
+    for child in ast.iter_child_nodes(node):
+        yield from _walk(child, in_function, type_checking)
+
+
+def _targets(
+    node: ast.Import | ast.ImportFrom, package: str, pkg: str, modules: set[str]
+) -> tuple[list[tuple[str, tuple[str, ...]]], list[str]]:
+    """The package modules one statement imports, as (module, names taken from it), and the
+    modules outside the package it imports. ``package`` is the importer's own package."""
+    ours: list[tuple[str, tuple[str, ...]]] = []
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+        ours = [(n, ()) for n in names if n == pkg or n.startswith(pkg + ".")]
+        return ours, [n for n in names if not (n == pkg or n.startswith(pkg + "."))]
+    if node.level:
+        base = package.split(".")
+        if node.level > 1:
+            base = base[: -(node.level - 1)]
+        source = ".".join([*base, node.module] if node.module else base)
+    else:
+        source = node.module or ""
+    if source != pkg and not source.startswith(pkg + "."):
+        return [], [source]
+    taken: list[str] = []
+    for alias in node.names:
+        sub = f"{source}.{alias.name}"
+        if sub in modules:  # ``from . import x`` with x a submodule
+            ours.append((sub, ()))
+        else:
+            taken.append(alias.name)
+    if taken:
+        ours.append((source, tuple(taken)))
+    return ours, []
+
+
+def parse_package(root: Path) -> dict[str, Module]:
+    """Every module under ``root`` (a package directory; its name is the package's), with the
+    package modules it imports, relative imports resolved to absolute names."""
+    root = root.resolve()
+    pkg = root.name
+    modules: dict[str, Module] = {}
+    trees: dict[str, ast.Module] = {}
+    for path in sorted(root.rglob("*.py")):
+        name = _module_name(root, path)
+        text = path.read_text(encoding="utf-8")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # invalid escapes etc. are not this test's business
+            trees[name] = ast.parse(text, filename=str(path))
+        modules[name] = Module(
+            name=name,
+            path=path,
+            rel=path.relative_to(root).as_posix(),
+            shown=path.relative_to(root.parent).as_posix(),
+            lines=len(text.splitlines()),
+            is_package=path.name == "__init__.py",
+        )
+    names = set(modules)
+    for name, tree in trees.items():
+        mod = modules[name]
+        package = name if mod.is_package else name.rpartition(".")[0]
+        for node, in_fn, tc in _walk(tree):
+            ours, theirs = _targets(node, package, pkg, names)
+            for target, taken in ours:
+                mod.imports.append(Import(name, target, taken, mod.shown, node.lineno, in_fn, tc))
+            mod.external.extend((target, node.lineno, in_fn) for target in theirs)
+    return modules
+
+
+# --------------------------------------------------------------------------- the rules
+
+
+def layer_of(module: str) -> int | None:
+    """The layer of a module of aqw (``PUBLIC`` for the package itself), None if unplaced."""
+    rest = module.partition(".")[2]
+    if not rest:
+        return PUBLIC
+    for number, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if rest == prefix or rest.startswith(prefix + "."):
+                return number
+    return None
+
+
+def _layer_name(layer: int | None) -> str:
+    return {PUBLIC: "public face", None: "no layer"}.get(layer, f"L{layer}")
+
+
+def unplaced_modules(root: Path) -> list[str]:
+    """Modules the layer table does not place."""
+    return [
+        f"{m.shown}: {m.name} has no layer"
+        for m in parse_package(root).values()
+        if layer_of(m.name) is None
+    ]
+
+
+def upward_imports(root: Path) -> list[str]:
+    """Imports from a lower layer to a higher one (the public face is above all)."""
+    problems = []
+    for mod in parse_package(root).values():
+        if layer_of(mod.name) == PUBLIC:
+            continue
+        mine = layer_of(mod.name)
+        for imp in mod.imports:
+            theirs = layer_of(imp.target)
+            if mine is None or theirs is None or theirs >= mine:
+                continue
+            problems.append(
+                f"{imp.where}: {mod.name} ({_layer_name(mine)}) -> {imp.target} "
+                f"({_layer_name(theirs)}){imp.how}"
+            )
+    return problems
+
+
+def redis_imports(root: Path) -> list[str]:
+    """``import redis`` / ``from redis... import`` outside the places allowed."""
+    problems = []
+    for mod in parse_package(root).values():
+        if any(mod.rel == a or (a.endswith("/") and mod.rel.startswith(a)) for a in REDIS_ALLOWED):
+            continue
+        for target, line, in_fn in mod.external:
+            if target == "redis" or target.startswith("redis."):
+                where = " [in a function]" if in_fn else ""
+                problems.append(f"{mod.shown}:{line}: {mod.name} imports {target}{where}")
+    return problems
+
+
+def function_level_imports(
+    root: Path, allowed: dict[tuple[str, str], str] | None = None
+) -> list[str]:
+    """Imports of package modules inside a function body, except the allowed lazy loads."""
+    allowed = LAZY_EXTRAS if allowed is None else allowed
+    problems = []
+    for mod in parse_package(root).values():
+        for imp in mod.imports:
+            if imp.in_function and (mod.name, imp.target) not in allowed:
+                names = f" ({', '.join(imp.names)})" if imp.names else ""
+                problems.append(f"{imp.where}: {mod.name} -> {imp.target}{names}")
+    return problems
+
+
+def _strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm, iterative: the components with a cycle (two or more modules, or
+    one that imports itself)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    found: list[list[str]] = []
+    counter = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work: list[tuple[str, Iterator[str]]] = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            for child in children:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                    break
+                if child in on_stack:
+                    low[node] = min(low[node], index[child])
+            else:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1 or node in graph[node]:
+                        found.append(sorted(component))
+    return sorted(found)
+
+
+def _shortest_path(
+    graph: dict[str, set[str]], start: str, goal: str, within: set[str]
+) -> list[str]:
+    """A shortest import path start -> ... -> goal inside one component (breadth first)."""
+    paths = {start: [start]}
+    queue = [start]
+    while queue:
+        node = queue.pop(0)
+        if node == goal:
+            return paths[node]
+        for child in sorted(graph[node] & within):
+            if child not in paths:
+                paths[child] = [*paths[node], child]
+                queue.append(child)
+    raise AssertionError(f"no path {start} -> {goal} in a strongly connected component")
+
+
+def _cycles(graph: dict[str, set[str]], component: list[str]) -> list[list[str]]:
+    """For every import inside a component, the shortest cycle through it; each cycle once,
+    shortest first."""
+    within = set(component)
+    seen: set[tuple[str, ...]] = set()
+    for a in component:
+        for b in sorted(graph[a] & within):
+            cycle = [a] if a == b else [a, *_shortest_path(graph, b, a, within)[:-1]]
+            first = cycle.index(min(cycle))
+            seen.add(tuple(cycle[first:] + cycle[:first]))
+    return [[*c, c[0]] for c in sorted(seen, key=lambda c: (len(c), c))]
+
+
+def import_cycles(root: Path) -> list[str]:
+    """Cycles in the module graph, counting every import (function-level, TYPE_CHECKING).
+    One entry per group of modules that import each other: its cycles (the shortest one
+    through each of its imports), then every import inside the group, with file:line."""
+    modules = parse_package(root)
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    edges: dict[tuple[str, str], list[Import]] = {}
+    for mod in modules.values():
+        for imp in mod.imports:
+            if imp.target in graph:
+                graph[mod.name].add(imp.target)
+                edges.setdefault((mod.name, imp.target), []).append(imp)
+    problems = []
+    for component in _strongly_connected(graph):
+        members = set(component)
+        cycles = [" -> ".join(c) for c in _cycles(graph, component)]
+        inside = [
+            f"{imp.where}: {imp.importer} -> {imp.target}{imp.how}"
+            for imp in sorted(
+                (
+                    i
+                    for (a, b), imps in edges.items()
+                    if a in members and b in members
+                    for i in imps
+                ),
+                key=lambda i: (i.path, i.line),
+            )
+        ]
+        problems.append(
+            f"{len(component)} modules import each other: {', '.join(component)}\n"
+            f"    {len(cycles)} cycles:\n      " + "\n      ".join(cycles) + "\n"
+            f"    {len(inside)} imports inside the group:\n      " + "\n      ".join(inside)
+        )
+    return problems
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_imports(root: Path) -> list[str]:
+    """``from X import _name`` with X a module of the package and _name not a submodule
+    (dunders such as ``__version__`` are fine; private *modules* may be imported)."""
+    problems = []
+    for mod in parse_package(root).values():
+        for imp in mod.imports:
+            private = [n for n in imp.names if _is_private(n)]
+            if private:
+                taken = ", ".join(private)
+                problems.append(f"{imp.where}: {mod.name} takes {taken} from {imp.target}")
+    return problems
+
+
+def long_modules(root: Path, limit: int = MAX_LINES) -> list[str]:
+    """Modules longer than ``limit`` lines, longest first."""
+    found = [m for m in parse_package(root).values() if m.lines > limit]
+    return [f"{m.shown}: {m.lines} lines" for m in sorted(found, key=lambda m: -m.lines)]
+
+
+def _report(what: str, problems: Iterable[str]) -> str:
+    problems = list(problems)
+    return f"{len(problems)} {what}:\n  " + "\n  ".join(problems)
+
+
+# --------------------------------------------------------------------------- aqw/
+
+
+def test_every_module_has_a_layer() -> None:
+    problems = unplaced_modules(AQW)
+    assert not problems, _report("modules missing from LAYERS (place each one)", problems)
+
+
+def test_no_import_points_up() -> None:
+    problems = upward_imports(AQW)
+    assert not problems, _report(
+        "imports that point up (a module imports only its own layer or below)", problems
+    )
+
+
+def test_redis_is_imported_only_where_it_belongs() -> None:
+    problems = redis_imports(AQW)
+    assert not problems, _report(
+        f"imports of redis outside {', '.join('aqw/' + a for a in REDIS_ALLOWED)}", problems
+    )
+
+
+def test_no_function_level_imports_of_aqw() -> None:
+    problems = function_level_imports(AQW)
+    assert not problems, _report(
+        "function-level imports of aqw modules (import at the top, or add a lazy load of "
+        "an optional extra to LAZY_EXTRAS with its reason)",
+        problems,
+    )
+
+
+def test_no_import_cycles() -> None:
+    problems = import_cycles(AQW)
+    assert not problems, _report("import cycles", problems)
+
+
+def test_private_names_stay_private() -> None:
+    problems = private_imports(AQW)
+    assert not problems, _report(
+        "private names imported from another module (drop the underscore if a sibling needs it)",
+        problems,
+    )
+
+
+def test_no_module_is_two_ideas() -> None:
+    problems = long_modules(AQW)
+    assert not problems, _report(f"modules over {MAX_LINES} lines", problems)
+
+
+# --------------------------------------------------------------------------- the rules, checked
+
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    """A hand-made package ``aqw`` under tmp_path with the given files."""
+    root = tmp_path / "aqw"
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return root
+
+
+CLEAN = {
+    "__init__.py": "from .app import App\nfrom .worker import Worker\n__version__ = '0'\n",
+    "__main__.py": "from .cli import main\n",
+    "_version.py": "__version__ = '0'\n",
+    "cli/__init__.py": "from ._main import main\n",
+    "cli/_main.py": "from .. import app, status\nfrom .._version import __version__\n"
+    "def main() -> None: ...\n",
+    "status.py": "from .app import App\n",
+    "app.py": (
+        "from typing import TYPE_CHECKING\nfrom .worker import Worker\n"
+        "if TYPE_CHECKING:\n    from .task import Task\nclass App: ...\n"
+    ),
+    "worker/__init__.py": "from ._worker import Worker\n",
+    "worker/_worker.py": (
+        "from ..brokers import base\nfrom . import _heartbeat\nclass Worker: ...\n"
+    ),
+    "worker/_heartbeat.py": "from ..errors import LeaseLost\n",
+    "task.py": "from .brokers.base import Broker\n",
+    "brokers/__init__.py": (
+        "from .base import Broker\ndef from_url() -> None:\n    from .sqs import SQSBroker\n"
+    ),
+    "brokers/base.py": "from ..lease import Lease\nclass Broker: ...\n",
+    "brokers/redis.py": (
+        "import redis\nfrom redis.asyncio import Redis\nfrom .._redis import keys\n"
+    ),
+    "brokers/sqs/__init__.py": "from .broker import SQSBroker\n",
+    "brokers/sqs/broker.py": "import aioboto3\nfrom ._base import SQSBase\nclass SQSBroker: ...\n",
+    "brokers/sqs/_base.py": "from ...errors import ConfigError\nclass SQSBase: ...\n",
+    "lease.py": "from .errors import LeaseLost\nclass Lease: ...\n",
+    "_redis/__init__.py": "",
+    "_redis/keys.py": "import redis.asyncio\n",
+    "errors.py": "class LeaseLost(Exception): ...\nclass ConfigError(Exception): ...\n",
+}
+
+
+def test_rule_resolver(tmp_path: Path) -> None:
+    root = _tree(tmp_path, CLEAN)
+    modules = parse_package(root)
+    imports = modules["aqw.cli._main"].imports
+    targets = {(i.target, i.names, i.in_function, i.type_checking) for i in imports}
+    assert targets == {
+        ("aqw.app", (), False, False),  # from .. import app: a submodule
+        ("aqw.status", (), False, False),
+        ("aqw._version", ("__version__",), False, False),
+    }
+    assert {i.target for i in modules["aqw.worker._worker"].imports} == {
+        "aqw.brokers.base",  # from ..brokers import base: a submodule
+        "aqw.worker._heartbeat",
+    }
+    assert {(i.target, i.type_checking) for i in modules["aqw.app"].imports} == {
+        ("aqw.worker", False),
+        ("aqw.task", True),
+    }
+    (lazy,) = modules["aqw.brokers"].imports[1:]
+    assert (lazy.target, lazy.names, lazy.in_function) == ("aqw.brokers.sqs", ("SQSBroker",), True)
+    assert [i.target for i in modules["aqw.brokers.sqs._base"].imports] == ["aqw.errors"]
+    assert modules["aqw.brokers.redis"].external == [
+        ("redis", 1, False),
+        ("redis.asyncio", 2, False),
+    ]
+    assert layer_of("aqw") == PUBLIC
+    assert layer_of("aqw.cli.bench._main") == 0
+    assert layer_of("aqw.monitor._rules") == 1
+    assert layer_of("aqw.brokers.sqs._base") == 5
+    assert layer_of("aqw._redis.lua") == 7
+    assert layer_of("aqw.dlqx") is None
+
+
+def test_rules_pass_on_a_clean_layout(tmp_path: Path) -> None:
+    root = _tree(tmp_path, CLEAN)
+    assert unplaced_modules(root) == []
+    assert upward_imports(root) == []
+    assert redis_imports(root) == []
+    assert function_level_imports(root) == []
+    assert import_cycles(root) == []
+    assert private_imports(root) == []
+    assert long_modules(root) == []
+
+
+@pytest.mark.parametrize(
+    ("files", "rule", "expected"),
+    [
+        pytest.param(
+            {"worker/_heartbeat.py": "from ..app import App\n"},
+            upward_imports,
+            ["aqw/worker/_heartbeat.py:1: aqw.worker._heartbeat (L3) -> aqw.app (L2)"],
+            id="up",
+        ),
+        pytest.param(
+            {
+                "lease.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                "    from .brokers import base\n"
+            },
+            upward_imports,
+            ["aqw/lease.py:3: aqw.lease (L6) -> aqw.brokers.base (L5) [TYPE_CHECKING]"],
+            id="up-type-checking",
+        ),
+        pytest.param(
+            {"errors.py": "def f() -> None:\n    from . import __version__\n"},
+            upward_imports,
+            ["aqw/errors.py:2: aqw.errors (L7) -> aqw (public face) [in a function]"],
+            id="up-to-the-public-face",
+        ),
+        pytest.param(
+            {"brokers/sqs/_base.py": "from redis.exceptions import RedisError\n"},
+            redis_imports,
+            ["aqw/brokers/sqs/_base.py:1: aqw.brokers.sqs._base imports redis.exceptions"],
+            id="redis",
+        ),
+        pytest.param(
+            {"task.py": "def f() -> None:\n    import aqw.brokers.base\n"},
+            function_level_imports,
+            ["aqw/task.py:2: aqw.task -> aqw.brokers.base"],
+            id="function-level",
+        ),
+        pytest.param(
+            {"brokers/__init__.py": "def f() -> None:\n    from .redis import make\n"},
+            function_level_imports,
+            ["aqw/brokers/__init__.py:2: aqw.brokers -> aqw.brokers.redis (make)"],
+            id="function-level-not-allowlisted",
+        ),
+        pytest.param(
+            {
+                "lease.py": "from .errors import LeaseLost\n",
+                "errors.py": "def f() -> None:\n    from .lease import Lease\n",
+            },
+            import_cycles,
+            [
+                "2 modules import each other: aqw.errors, aqw.lease\n"
+                "    1 cycles:\n"
+                "      aqw.errors -> aqw.lease -> aqw.errors\n"
+                "    2 imports inside the group:\n"
+                "      aqw/errors.py:2: aqw.errors -> aqw.lease [in a function]\n"
+                "      aqw/lease.py:1: aqw.lease -> aqw.errors"
+            ],
+            id="cycle",
+        ),
+        pytest.param(
+            {"brokers/sqs/broker.py": "from ._base import SQSBase, _held\nfrom . import _base\n"},
+            private_imports,
+            [
+                "aqw/brokers/sqs/broker.py:1: aqw.brokers.sqs.broker takes _held "
+                "from aqw.brokers.sqs._base"
+            ],
+            id="private",
+        ),
+        pytest.param(
+            {"job.py": "x = 1\n" * 401},
+            long_modules,
+            ["aqw/job.py: 401 lines"],
+            id="long",
+        ),
+        pytest.param(
+            {"scheduler.py": "from .errors import ConfigError\n"},
+            unplaced_modules,
+            ["aqw/scheduler.py: aqw.scheduler has no layer"],
+            id="unplaced",
+        ),
+    ],
+)
+def test_rule_fails(
+    tmp_path: Path, files: dict[str, str], rule: Callable[[Path], list[str]], expected: list[str]
+) -> None:
+    root = _tree(tmp_path, {**CLEAN, **files})
+    assert rule(root) == expected
