@@ -1,9 +1,9 @@
-"""The worker: its lifecycle, its background loops (fetch with backpressure, promote due
-jobs, reclaim abandoned ones, heartbeat) and its job slots.
-
-Each fetched delivery runs in a slot as ``JobPath.process`` (``_job_path.py``): decode, find
-the task, validate, take the lease, run the handler (``_handler.py``), settle
-(``_settle.py``). The worker sees its App through ``WorkerApp``, a Protocol.
+"""The worker: its lifecycle (start, graceful and forced stop), its heartbeat, and the wiring
+of its parts: ``Intake`` (``_intake.py``: fetch, promote, reclaim) feeds ``Slots``
+(``_slots.py``), each delivery runs as ``JobPath.process`` (``_job_path.py``: decode, find
+the task, validate, take the lease, run the handler in ``_handler.py``) and ends in a
+``Settler`` step (``_settle.py``). The worker sees its App through ``WorkerApp``, a
+Protocol.
 """
 
 from __future__ import annotations
