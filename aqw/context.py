@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import MutableMapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
@@ -13,6 +14,23 @@ from .job import Job
 from .lease import Lease
 
 _log = logging.getLogger("aqw.job")
+
+
+def job_fields(job: Job) -> dict[str, Any]:
+    """The ``extra`` fields of every log record about ``job``: ``job_id``, ``task`` and
+    ``attempt`` (what ``aqw``'s log formats and a JSON log pipeline key on)."""
+    return {"job_id": job.id, "task": job.task, "attempt": job.attempt}
+
+
+class JobLog(logging.LoggerAdapter[logging.Logger]):
+    """A logger adapter that tags each record with a job's fields (``job_fields``), keeping
+    the ``extra`` the caller passes as well (the job's fields win a clash)."""
+
+    def process(
+        self, msg: Any, kwargs: MutableMapping[str, Any]
+    ) -> tuple[Any, MutableMapping[str, Any]]:
+        kwargs["extra"] = {**(kwargs.get("extra") or {}), **(self.extra or {})}
+        return msg, kwargs
 
 
 class HostApp(Protocol):
@@ -42,7 +60,8 @@ class Context:
         job: the job envelope (id, task, attempt, headers, idempotency key).
         lease: the job's lease; ``lease.fencing_token`` orders writes across holders.
         worker: the worker running the job.
-        log: a logger adapter that tags records with the job id and task.
+        log: a logger adapter (logger ``aqw.job``) that tags records with the job's
+            ``job_id``, ``task`` and ``attempt`` as ``extra`` fields.
     """
 
     __slots__ = ("_log", "job", "lease", "state", "worker")
@@ -52,7 +71,7 @@ class Context:
         self.lease = lease
         self.worker = worker
         self.state: dict[str, Any] = {}
-        self._log: logging.LoggerAdapter[logging.Logger] | None = None
+        self._log: JobLog | None = None
 
     @property
     def job_id(self) -> str:
@@ -88,9 +107,7 @@ class Context:
     @property
     def log(self) -> logging.LoggerAdapter[logging.Logger]:
         if self._log is None:
-            self._log = logging.LoggerAdapter(
-                _log, {"job_id": self.job.id, "task": self.job.task, "attempt": self.job.attempt}
-            )
+            self._log = JobLog(_log, job_fields(self.job))
         return self._log
 
     async def progress(self, fraction: float, message: str = "") -> None:

@@ -13,7 +13,7 @@ Configuration from the environment: ``AQW_BROKER`` (default ``memory://``), ``AQ
 
 Run it::
 
-    pip install 'aqw[fastapi]' uvicorn
+    pip install -e '.[fastapi]' uvicorn    # from a checkout: aqw is not on a package index yet
     AQW_BROKER=redis://127.0.0.1:6379/0 uvicorn fastapi_app:app --app-dir examples
     curl -X POST localhost:8000/jobs -H 'content-type: application/json' \\
         -d '{"name": "q3", "seconds": 5}'

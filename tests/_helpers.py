@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -21,9 +23,33 @@ from aqw.brokers.redis import RedisBroker
 if TYPE_CHECKING:
     from conftest import Backend
 
-REDIS_HOST = "127.0.0.1"
-REDIS_PORT = 6379
-REDIS_URL = f"redis://{REDIS_HOST}:{REDIS_PORT}/0"
+#: The shared Redis the tests use: ``AQW_TEST_REDIS_URL``, by default db 0 on 127.0.0.1:6379.
+#: Its host, port and db are derived from the URL wherever a test needs them apart.
+REDIS_URL = os.environ.get("AQW_TEST_REDIS_URL") or "redis://127.0.0.1:6379/0"
+_REDIS = urllib.parse.urlsplit(REDIS_URL)
+REDIS_HOST = _REDIS.hostname or "127.0.0.1"
+REDIS_PORT = _REDIS.port or 6379
+REDIS_DB = int(_REDIS.path.lstrip("/") or 0)
+
+
+def redis_url_db(db: int) -> str:
+    """The URL of another database (``db``) on the shared Redis server."""
+    return urllib.parse.urlunsplit(_REDIS._replace(path=f"/{db}"))
+
+
+#: The PostgreSQL the tests use: ``AQW_TEST_PG_DSN``. Unset, the DSNs tried in turn are those of
+#: user ``postgres``, then ``root``, without a password on 127.0.0.1:5432, database ``test``.
+PG_DSNS: tuple[str, ...] = (
+    (os.environ["AQW_TEST_PG_DSN"],)
+    if os.environ.get("AQW_TEST_PG_DSN")
+    else tuple(f"postgresql://{user}@127.0.0.1:5432/test" for user in ("postgres", "root"))
+)
+
+
+def pg_where(dsn: str) -> str:
+    """``host:port/db`` of a DSN, without its user or password, for messages."""
+    parts = urllib.parse.urlsplit(dsn)
+    return f"{parts.hostname}:{parts.port or 5432}{parts.path}"
 
 
 # -- waiting -----------------------------------------------------------------------------------
@@ -137,7 +163,7 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
-    assert port != 6379
+    assert port != REDIS_PORT
     return port
 
 
@@ -152,10 +178,10 @@ def redis_pings(port: int) -> bool:
 
 
 def real_redis_answers(timeout: float = 1.0) -> bool:
-    """True when the shared Redis on 127.0.0.1:6379 answers PING."""
+    """True when the shared Redis (``REDIS_URL``) answers PING."""
     try:
-        client = redis.Redis(
-            host=REDIS_HOST, port=REDIS_PORT, socket_timeout=timeout, socket_connect_timeout=timeout
+        client = redis.Redis.from_url(
+            REDIS_URL, socket_timeout=timeout, socket_connect_timeout=timeout
         )
         try:
             return bool(client.ping())
@@ -166,11 +192,12 @@ def real_redis_answers(timeout: float = 1.0) -> bool:
 
 
 def require_real_redis() -> None:
-    """Fail (never skip) when the real Redis on 127.0.0.1:6379 is not answering."""
+    """Fail (never skip) when the real Redis (``REDIS_URL``) is not answering."""
     if not real_redis_answers():
         pytest.fail(
-            f"the real Redis server at {REDIS_HOST}:{REDIS_PORT} is not answering PING. "
-            "These tests need it (CI starts one; locally: `redis-server --daemonize yes`).",
+            f"the real Redis server at {REDIS_HOST}:{REDIS_PORT} (db {REDIS_DB}) is not answering "
+            "PING. These tests need it (CI starts one; locally: `redis-server --daemonize yes`, "
+            "or point AQW_TEST_REDIS_URL at one).",
             pytrace=False,
         )
 

@@ -1,8 +1,9 @@
 """Shared fixtures: brokers on three backends, the real Redis, throwaway redis-servers.
 
-Every test works in its own queue (``t-<8 hex>``); keys written to the shared Redis on
-127.0.0.1:6379 are all under ``aqw:{<queue>}:*`` and are deleted with SCAN + DEL at the end
-of the test. Never FLUSHDB / FLUSHALL: other tests and people share that server.
+Every test works in its own queue (``t-<8 hex>``); keys written to the shared Redis
+(``AQW_TEST_REDIS_URL``, by default 127.0.0.1:6379 db 0) are all under ``aqw:{<queue>}:*`` and
+are deleted with SCAN + DEL at the end of the test. Never FLUSHDB / FLUSHALL: other tests and
+people share that server.
 
 A test that needs the real server (the ``redis`` parameter or the ``redis`` marker) FAILS
 with a clear message when it does not answer: CI starts Redis, so a missing server is an
@@ -30,8 +31,6 @@ import aqw
 from aqw.brokers.memory import MemoryBroker, reset_memory_queues
 from aqw.brokers.redis import RedisBroker
 from tests._helpers import (
-    REDIS_HOST,
-    REDIS_PORT,
     REDIS_URL,
     free_port,
     real_redis_answers,
@@ -50,7 +49,7 @@ def delete_queue_keys(queues: list[str]) -> None:
     """SCAN and DEL every ``aqw:{queue}:*`` key of the given queues on the real server."""
     if not queues or not real_redis_answers(0.5):
         return
-    client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, socket_timeout=5)
+    client = redis.Redis.from_url(REDIS_URL, socket_timeout=5)
     try:
         for queue in queues:
             batch = list(client.scan_iter(match=f"aqw:{{{queue}}}:*", count=1000))
@@ -62,7 +61,7 @@ def delete_queue_keys(queues: list[str]) -> None:
 
 @pytest.fixture
 def redis_url() -> str:
-    """URL of the real Redis (db 0); fails the test when it does not answer."""
+    """URL of the real Redis (``AQW_TEST_REDIS_URL``); fails the test when it does not answer."""
     require_real_redis()
     return REDIS_URL
 

@@ -1,6 +1,6 @@
 """A worker process for tests/test_crash.py: ``python tests/crash_worker.py QUEUE [CONCURRENCY]``.
 
-Runs the ``record`` task on the real Redis (127.0.0.1:6379, db 0) until SIGTERM. Each job
+Runs the ``record`` task on the real Redis (AQW_TEST_REDIS_URL) until SIGTERM. Each job
 sleeps 5-20 ms, then records its completion in a ledger in Redis, fenced: the write carries
 the job lease's fencing token and is refused when a higher token was already recorded for
 that job (a late write from a stale holder). Ledger keys live under the queue's hash tag, so
@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 
 import aqw
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
+REDIS_URL = os.environ.get("AQW_TEST_REDIS_URL") or "redis://127.0.0.1:6379/0"
 LEASE_TTL = 1.0
 
 #: KEYS[1] ledger list, KEYS[2] hash job id -> highest fencing token recorded,

@@ -1,6 +1,6 @@
 """A worker process for tests/test_lease_pause.py: ``python tests/pause_worker.py QUEUE``.
 
-Runs the ``steps`` task (lease_ttl=1 s, timeout 60 s) on the real Redis (127.0.0.1:6379,
+Runs the ``steps`` task (lease_ttl=1 s, timeout 60 s) on the real Redis (AQW_TEST_REDIS_URL, default
 db 0) until SIGTERM. The handler writes a ledger entry for every statement it runs: ``start``,
 then ``STEPS`` times ``await asyncio.sleep(STEP)`` and a write of the step number, then
 ``done``. Each entry reads ``<fence> <event> <pid> <client time> <server time>``: the job
@@ -22,7 +22,7 @@ from redis.asyncio import Redis
 
 import aqw
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
+REDIS_URL = os.environ.get("AQW_TEST_REDIS_URL") or "redis://127.0.0.1:6379/0"
 LEASE_TTL = 1.0
 STEPS = 30
 STEP = 0.1

@@ -1,6 +1,6 @@
 """A worker process for tests/test_recovery.py: ``python tests/recovery_worker.py QUEUE [N]``.
 
-Runs on the real Redis (127.0.0.1:6379, db 0) with ``App()`` at its default lease_ttl (30 s)
+Runs on the real Redis (AQW_TEST_REDIS_URL) with ``App()`` at its default lease_ttl (30 s)
 and concurrency N (default 1) until SIGTERM. Two tasks, each ``hold`` seconds long, writing a
 ledger entry when they start and when they end:
 
@@ -22,7 +22,7 @@ from redis.asyncio import Redis
 
 import aqw
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
+REDIS_URL = os.environ.get("AQW_TEST_REDIS_URL") or "redis://127.0.0.1:6379/0"
 SHORT_TTL = 2.0
 LONG_TTL = 60.0
 

@@ -1,4 +1,4 @@
-"""Tests of aqw.cache.Cache, each run on fakeredis and on the real Redis at 127.0.0.1:6379.
+"""Tests of aqw.cache.Cache, each run on fakeredis and on the real Redis (AQW_TEST_REDIS_URL).
 
 Real-Redis tests use db 0 with a random key prefix per test and delete their keys afterwards.
 """
@@ -19,6 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from aqw.cache import Cache, CacheEntry
 from aqw.errors import ConfigError
+from tests._helpers import REDIS_URL
 
 ClientFactory = Callable[..., Redis]
 
@@ -38,7 +39,7 @@ async def redis_client(request: pytest.FixtureRequest) -> AsyncIterator[Redis]:
         if server is not None:
             client = fakeredis.FakeAsyncRedis(server=server, **kwargs)
         else:
-            client = Redis(host="127.0.0.1", port=6379, db=0, **kwargs)
+            client = Redis.from_url(REDIS_URL, **kwargs)
         clients.append(client)
         return client
 
@@ -50,7 +51,7 @@ async def redis_client(request: pytest.FixtureRequest) -> AsyncIterator[Redis]:
             try:
                 await client.ping()
             except (RedisConnectionError, OSError) as exc:
-                pytest.fail(f"no Redis at 127.0.0.1:6379 (CI starts one): {exc}")
+                pytest.fail(f"no Redis at {REDIS_URL} (CI starts one): {exc}")
         yield client
     finally:
         if server is None:

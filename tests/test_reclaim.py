@@ -246,7 +246,7 @@ async def settle(broker: Broker, step: str, delivery: Delivery, lease: Lease | N
         assert job is not None
         return await broker.retry(delivery, job.next_attempt(), time.time() + 60, lease)
     failure = Failure("ValueError", "ValueError: no", worker="w", failed_at=time.time())
-    return await broker.dead_letter(delivery, job, failure, 1, lease)
+    return await broker.dead_letter(delivery, job, failure, 1, lease) is not None
 
 
 async def take_lease(broker: Broker, job: Job, ttl: float) -> Lease:

@@ -477,7 +477,7 @@ async def test_a_lost_reply_to_the_dead_letter_step_writes_one_entry(
     original = broker.dead_letter
     calls = 0
 
-    async def reply_lost(*args: Any, **kwargs: Any) -> bool:
+    async def reply_lost(*args: Any, **kwargs: Any) -> str | None:
         nonlocal calls
         calls += 1
         result = await original(*args, **kwargs)

@@ -1,4 +1,5 @@
-"""The SQL completion store against the real PostgreSQL on 127.0.0.1:5432 (database ``test``).
+"""The SQL completion store against the real PostgreSQL (``AQW_TEST_PG_DSN``, by default database
+``test`` on 127.0.0.1:5432).
 
 Every test works in its own tables (``aqw_t<run>_<n>_*``), dropped at its end; Redis keys go
 under ``aqw:{t-<hex>}:*`` and are deleted at the end. PostgreSQL or Redis not answering is a
@@ -15,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -31,13 +33,10 @@ import aqw
 from aqw.brokers.memory import MemoryBroker
 from aqw.brokers.redis import RedisBroker
 from aqw.idempotency import SqlCompletionStore, context_effect
-from tests._helpers import eventually, require_real_redis
+from tests._helpers import PG_DSNS, REDIS_URL, eventually, pg_where, require_real_redis
 
 pytestmark = pytest.mark.timeout(60)
 
-PG_HOST, PG_PORT, PG_DB = "127.0.0.1", 5432, "test"
-PG_USERS = ("postgres", "root")
-REDIS_URL = "redis://127.0.0.1:6379/0"
 RUN = uuid.uuid4().hex[:8]
 _tables = itertools.count()
 HERE = Path(__file__).resolve().parent
@@ -47,19 +46,18 @@ HERE = Path(__file__).resolve().parent
 
 async def _find_dsn() -> str:
     errors = []
-    for user in PG_USERS:
-        dsn = f"postgresql://{user}@{PG_HOST}:{PG_PORT}/{PG_DB}"
+    for dsn in PG_DSNS:
         try:
             conn = await asyncpg.connect(dsn, timeout=5)
         except Exception as exc:
-            errors.append(f"{user}: {exc!r}")
+            errors.append(f"{urllib.parse.urlsplit(dsn).username}: {exc!r}")
             continue
         await conn.close()
         return dsn
     pytest.fail(
-        f"PostgreSQL at {PG_HOST}:{PG_PORT} (database {PG_DB!r}) is not answering for users "
-        f"{', '.join(PG_USERS)}: {'; '.join(errors)}. The SQL completion store tests need it "
-        "(CI starts one); they fail rather than skip.",
+        f"PostgreSQL at {pg_where(PG_DSNS[0])} is not answering (AQW_TEST_PG_DSN): "
+        f"{'; '.join(errors)}. The SQL completion store tests need it (CI starts one); they fail "
+        "rather than skip.",
         pytrace=False,
     )
 

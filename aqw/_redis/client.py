@@ -3,7 +3,7 @@ option is taken off without losing the encoding of the others."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import parse_qsl, quote, urlencode
 
 from redis.asyncio import Redis
@@ -51,3 +51,33 @@ def split_queue(url: str, default: str) -> tuple[str, str]:
     rest = urlencode([(k, v) for k, v in pairs if k != "queue"], safe="/", quote_via=quote)
     plain = base + ("?" + rest if rest else "") + hash_ + fragment
     return plain, queues[-1] if queues else default
+
+
+class OnRedis(Protocol):
+    """A broker on a Redis client (``RedisBroker``), as ``describe_broker`` sees it."""
+
+    @property
+    def client(self) -> Any: ...
+    @property
+    def queue(self) -> str: ...
+
+
+def describe_broker(broker: OnRedis) -> str:
+    """``RedisBroker.describe``: ``redis://host:port/db queue=q`` (``rediss://`` with TLS,
+    ``unix://path?db=n`` on a socket, ``redis cluster host:port,...`` on a cluster), read
+    from the client's connection settings: never the user name or the password."""
+    client = broker.client
+    pool = getattr(client, "connection_pool", None)
+    kwargs: dict[str, Any] = getattr(pool, "connection_kwargs", None) or {}
+    db = kwargs.get("db", 0)
+    if kwargs.get("path"):
+        where = f"unix://{kwargs['path']}?db={db}"
+    elif kwargs.get("host"):
+        connection = getattr(getattr(pool, "connection_class", None), "__name__", "")
+        scheme = "rediss" if "ssl" in connection.lower() else "redis"
+        where = f"{scheme}://{kwargs['host']}:{kwargs.get('port', 6379)}/{db}"
+    else:  # a cluster client, or one whose settings this cannot read
+        nodes = getattr(client, "startup_nodes", None) or []
+        hosts = ",".join(f"{n.host}:{n.port}" for n in nodes[:3] if hasattr(n, "host"))
+        where = f"redis cluster {hosts}" if hosts else "redis"
+    return f"{where} queue={broker.queue}"

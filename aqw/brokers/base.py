@@ -121,6 +121,11 @@ class Broker(abc.ABC):
         #: Job states and heartbeats, for brokers with no shared store for them.
         self.local_status = LocalStatus()
 
+    def describe(self) -> str:
+        """Where this broker is, for a log line: the system and the queue, never a secret
+        (brokers with a host name it, e.g. ``redis://host:6379/0 queue=q``)."""
+        return f"{self.system} queue={self.queue}"
+
     # -- lifecycle -------------------------------------------------------------------------
 
     @abc.abstractmethod
@@ -226,9 +231,10 @@ class Broker(abc.ABC):
         failure: Failure,
         attempts: int,
         lease: Lease | None,
-    ) -> bool:
+    ) -> str | None:
         """Move the delivery to the dead-letter queue with ``failure`` recorded (``job`` is
-        None when the message could not be decoded)."""
+        None when the message could not be decoded). The new DLQ entry's id (what
+        ``dlq_get`` and ``aqw dlq show`` take), or None when another holder owns it now."""
 
     @abc.abstractmethod
     async def requeue(self, delivery: Delivery, lease: Lease | None) -> bool:

@@ -117,6 +117,9 @@ class MemoryBroker(Broker):
         self._q = _QUEUES.setdefault(queue, _Queue())
         self.local_status = self._q.status  # brokers of one queue share its status too
 
+    def describe(self) -> str:
+        return f"memory://{self.queue}"
+
     async def connect(self) -> None:
         if self._q.changed is None:
             self._q.changed = asyncio.Event()
@@ -281,9 +284,9 @@ class MemoryBroker(Broker):
         failure: Failure,
         attempts: int,
         lease: Lease | None,
-    ) -> bool:
+    ) -> str | None:
         if not self._settle(delivery, lease):
-            return False
+            return None
         entry_id = self._q.next_id()
         self._q.dlq[entry_id] = DeadJob(
             id=entry_id,
@@ -302,7 +305,7 @@ class MemoryBroker(Broker):
         while self.dlq_limit > 0 and len(self._q.dlq) > self.dlq_limit:
             self._q.dlq.popitem(last=False)
             self._q.bump("dlq_trimmed")
-        return True
+        return entry_id
 
     async def requeue(self, delivery: Delivery, lease: Lease | None) -> bool:
         p = self._q.pending.get(delivery.id)

@@ -18,7 +18,7 @@ from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
 from .._redis import scripts as _scripts
 from .._redis.batch import CommandBatcher
-from .._redis.client import MAX_BLOCK, make_client, split_queue
+from .._redis.client import MAX_BLOCK, describe_broker, make_client, split_queue
 from .._redis.keys import GROUP, QueueKeys
 from .._redis.lease import RedisLeaseBackend
 from ..job import Job
@@ -46,6 +46,7 @@ class RedisBroker(Broker):
     """
 
     system = "redis"
+    describe = describe_broker  # Broker.describe: ``redis://host:port/db queue=q``
     #: redis-py's connection and timeout errors, besides the built-in ones.
     transient_errors = (ConnectionError, TimeoutError, *Broker.transient_errors)
 
@@ -286,7 +287,7 @@ class RedisBroker(Broker):
         failure: Failure,
         attempts: int,
         lease: Lease | None,
-    ) -> bool:
+    ) -> str | None:
         key, token = self._lease_args(delivery, lease)
         fields: list[Any] = [
             "j",
@@ -315,7 +316,7 @@ class RedisBroker(Broker):
             [self.keys.stream, self.keys.dlq, key, self.keys.stats],
             [GROUP, token, delivery.id, self.dlq_limit, self.consumer, *fields],
         )
-        return ok is not None
+        return None if ok is None else text(ok)  # the DLQ entry's id (None: refused)
 
     async def requeue(self, delivery: Delivery, lease: Lease | None) -> bool:
         key, token = self._lease_args(delivery, lease)

@@ -1,23 +1,77 @@
-"""What every ``aqw`` subcommand shares: the user error, finding the app (``MODULE:APP``,
-``--broker``, ``--queue`` and their ``AQW_*`` variables), the ``AQW_*`` number readers and
-the log setup."""
+"""What every ``aqw`` subcommand shares: the user error and the parser that prints usage
+errors as one line, finding the app (``MODULE:APP``, ``--app``, ``--broker``, ``--queue`` and
+their ``AQW_*`` variables), the readers of numbers (options and ``AQW_*`` variables, an
+explicit 0 being a value) and the log options and setup."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import logging
+import math
 import os
+import re
 import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn, TypeVar
 
 from ..app import App
+from ._logs import configure_logging
 
 #: The log line of ``aqw`` commands.
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 
 
+T = TypeVar("T")
+
+#: The levels ``--log-level`` takes, and the formats of ``--log-format``.
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMATS = ("text", "json")
+
+#: What ``package.module:attribute`` looks like: how a positional word is told to be the app.
+APP_SPEC = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+
+
 class CliError(Exception):
     """A user error: printed as one line, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line on stderr, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def integer(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type``: an integer >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def number(minimum: float = 0.0, *, above: bool = False) -> Callable[[str], float]:
+    """An argparse ``type``: a finite number >= ``minimum`` (> with ``above``)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value) or value < minimum or (above and value == minimum):
+            raise argparse.ArgumentTypeError(
+                f"must be {'>' if above else '>='} {minimum:g}, got {text}"
+            )
+        return value
+
+    return parse
 
 
 def load_app(spec: str) -> App:
@@ -42,62 +96,149 @@ def load_app(spec: str) -> App:
     return app
 
 
-def env_int(name: str, default: int) -> int:
-    """The integer in environment variable ``name`` (``default`` when unset or empty)."""
+def env_value(name: str, default: T, parse: Callable[[str], T]) -> T:
+    """Environment variable ``name`` read by ``parse`` (an argparse ``type`` such as
+    ``integer(1)``); ``default`` when unset or empty. A bad value is a ``CliError``."""
     raw = os.environ.get(name)
-    if raw is None or raw == "":
+    if raw is None or raw.strip() == "":
         return default
     try:
-        return int(raw)
-    except ValueError:
-        raise CliError(f"{name}={raw!r} is not an integer") from None
+        return parse(raw)
+    except argparse.ArgumentTypeError as exc:
+        raise CliError(f"{name}={raw!r}: {exc}") from None
 
 
-def env_float(name: str, default: float) -> float:
-    """The number in environment variable ``name`` (``default`` when unset or empty)."""
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise CliError(f"{name}={raw!r} is not a number") from None
+def env_int(name: str, default: int, minimum: int | None = None) -> int:
+    """The integer in environment variable ``name`` (``default`` when unset or empty), at
+    least ``minimum`` when given (0 is a value, not "unset")."""
+    return env_value(name, default, integer(-sys.maxsize if minimum is None else minimum))
+
+
+def env_float(name: str, default: float, minimum: float | None = None) -> float:
+    """The number in environment variable ``name`` (``default`` when unset or empty), at
+    least ``minimum`` when given."""
+    return env_value(name, default, number(-math.inf if minimum is None else minimum))
 
 
 def resolve_app(args: argparse.Namespace, *, need_app: bool = True) -> App:
-    """The app from ``--app``/``AQW_APP`` (or a bare one from ``--broker``), with the
+    """The app from ``APP``/``--app``/``AQW_APP`` (or a bare one from ``--broker``), with the
     broker and queue overridden by ``--broker``/``AQW_BROKER`` and ``--queue``/``AQW_QUEUE``."""
+    app_argument(args)
     spec = getattr(args, "app", None) or os.environ.get("AQW_APP")
     broker_url = getattr(args, "broker", None) or os.environ.get("AQW_BROKER")
     queue = getattr(args, "queue", None) or os.environ.get("AQW_QUEUE")
     if spec:
         app = load_app(spec)
     elif need_app:
-        raise CliError("name the app: MODULE:APP argument, --app, or AQW_APP")
+        raise CliError("name the app (package.module:app): the APP argument, --app or AQW_APP")
     elif broker_url:
         return App(broker_url, queue=queue or "default")
     else:
-        raise CliError("name an app (--app MODULE:APP) or a broker (--broker URL)")
+        raise CliError(
+            "name an app (APP argument, --app or AQW_APP) or a broker (--broker or AQW_BROKER)"
+        )
     if broker_url or queue:
         app.use_broker(broker_url or app.broker_url or "memory://", queue or app.queue)
     return app
 
 
+def looks_like_app(word: str) -> bool:
+    """Whether ``word`` reads as ``package.module:attribute`` (and so names the app)."""
+    return APP_SPEC.fullmatch(word) is not None
+
+
+def take_app(
+    args: argparse.Namespace, words: Sequence[str | None], *, first_is_app: bool = False
+) -> list[str]:
+    """The positional ``words`` (None: not given) after the app. The first word is the app
+    when ``first_is_app`` or when it looks like ``package.module:attribute``; it then becomes
+    ``args.app`` (named differently by ``--app`` too, it is a ``CliError``)."""
+    rest = [w for w in words if w is not None]
+    if rest and (first_is_app or looks_like_app(rest[0])):
+        app = rest.pop(0)
+        given = getattr(args, "app", None)
+        if given and given != app:
+            raise CliError(f"the app is named twice: {app!r} and --app {given!r}")
+        args.app = app
+    return rest
+
+
+def app_argument(args: argparse.Namespace) -> None:
+    """The ``APP`` positional of ``add_target(positional_app=True)``, when given, becomes
+    ``args.app`` (where the supervisor and ``resolve_app`` read it)."""
+    word = getattr(args, "app_word", None)
+    if word is not None:
+        take_app(args, [word], first_is_app=True)
+        args.app_word = None
+
+
 def add_target(p: argparse.ArgumentParser, *, positional_app: bool) -> None:
-    """Add the app (``MODULE:APP`` or ``--app``), ``--broker`` and ``--queue`` to ``p``."""
+    """Add the app (``--app``, and with ``positional_app`` an optional ``APP`` positional that
+    ``app_argument`` reads), ``--broker`` and ``--queue`` to ``p``. A command whose first
+    positional may be the app or something else adds its own and reads it with ``take_app``."""
     if positional_app:
-        p.add_argument("app", nargs="?", help="the app, as package.module:app (or AQW_APP)")
-    else:
-        p.add_argument("--app", help="the app, as package.module:app (or AQW_APP)")
-    p.add_argument("--broker", help="broker URL, overriding the app's (or AQW_BROKER)")
+        p.add_argument(
+            "app_word",
+            nargs="?",
+            metavar="APP",
+            help="the app, as package.module:app (or --app, or AQW_APP)",
+        )
+    p.add_argument("--app", metavar="APP", help="the app, as package.module:app (or AQW_APP)")
+    p.add_argument(
+        "--broker", metavar="URL", help="broker URL, overriding the app's (or AQW_BROKER)"
+    )
     p.add_argument("--queue", help="queue name, overriding the app's (or AQW_QUEUE)")
 
 
-def add_log_level(parser: argparse.ArgumentParser, default: str) -> None:
-    """Add ``--log-level`` (default ``AQW_LOG_LEVEL``, else ``default``) to ``parser``."""
-    parser.add_argument("--log-level", default=os.environ.get("AQW_LOG_LEVEL", default))
+def add_log_options(parser: argparse.ArgumentParser, default_level: str | None = None) -> None:
+    """Add ``--log-level`` and ``--log-format`` to ``parser``: the top-level parser (with
+    the ``default_level`` shown in the help) or, without one, a subcommand's, where an option
+    left out does not overwrite the one given before the subcommand. ``log_options`` reads
+    them, falling back on ``AQW_LOG_LEVEL`` and ``AQW_LOG_FORMAT``."""
+    unset = None if default_level is not None else argparse.SUPPRESS
+    shown = f", else {default_level}" if default_level else ""
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        metavar="LEVEL",
+        default=unset,
+        help=f"log {', '.join(LOG_LEVELS[:-1])} or {LOG_LEVELS[-1]} and above "
+        f"(default: AQW_LOG_LEVEL{shown})",
+    )
+    parser.add_argument(
+        "--log-format",
+        type=str.lower,
+        choices=LOG_FORMATS,
+        default=unset,
+        help="log lines as text or as one JSON object each (default: AQW_LOG_FORMAT, else text)",
+    )
 
 
-def setup_logging(level: str, fmt: str = LOG_FORMAT) -> None:
-    """Log records of ``level`` and above to stderr, as ``fmt``."""
-    logging.basicConfig(level=level.upper(), format=fmt, stream=sys.stderr)
+def log_options(args: argparse.Namespace, default_level: str) -> tuple[str, str]:
+    """The log level and format: the options, else ``AQW_LOG_LEVEL``/``AQW_LOG_FORMAT``,
+    else ``default_level`` and ``text``; a bad variable is a ``CliError``. They are written
+    back to ``args`` (the supervisor passes them on to its workers)."""
+    level = getattr(args, "log_level", None)
+    if level is None:
+        level = (os.environ.get("AQW_LOG_LEVEL") or default_level).strip().upper()
+        if level not in LOG_LEVELS:
+            raise CliError(f"AQW_LOG_LEVEL={level!r} is not one of {', '.join(LOG_LEVELS)}")
+    fmt = getattr(args, "log_format", None)
+    if fmt is None:
+        fmt = (os.environ.get("AQW_LOG_FORMAT") or "text").strip().lower()
+        if fmt not in LOG_FORMATS:
+            raise CliError(f"AQW_LOG_FORMAT={fmt!r} is not one of {', '.join(LOG_FORMATS)}")
+    args.log_level, args.log_format = level, fmt
+    return level, fmt
+
+
+def setup_logging(level: str, *, fmt: str | None = None) -> None:
+    """Log records of ``level`` and above to stderr, as ``fmt`` (``text`` or ``json``;
+    default ``AQW_LOG_FORMAT``, else ``text``); an unknown format or level is a ``CliError``."""
+    if fmt is None:
+        fmt = (os.environ.get("AQW_LOG_FORMAT") or "text").strip().lower()
+    try:
+        configure_logging(level, fmt)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None

@@ -14,38 +14,72 @@ from pydantic import ValidationError
 
 from .._text import printable
 from ..dlq import DeadLetters, dead_job_json
-from ._common import CliError, add_target, resolve_app
+from ._common import (
+    CliError,
+    add_log_options,
+    add_target,
+    integer,
+    number,
+    resolve_app,
+    take_app,
+)
+
+APP_HELP = "the app, as package.module:app (or --app, AQW_APP)"
 
 
 def add_parser(sub: Any) -> None:
-    """Add ``aqw dlq`` and its four commands to the command line's subparsers."""
+    """Add ``aqw dlq`` and its four commands to the command line's subparsers. Each takes
+    the app as ``--app``, ``AQW_APP`` or a first argument that looks like package.module:app."""
     d = sub.add_parser("dlq", help="dead-letter queue: list, show, replay, purge")
+    add_log_options(d)
     dsub = d.add_subparsers(dest="dlq_command", required=True)
     dl = dsub.add_parser("list", help="list dead jobs")
-    add_target(dl, positional_app=False)
-    dl.add_argument("--task")
-    dl.add_argument("--error-type")
-    dl.add_argument("--limit", type=int, default=100)
-    dl.add_argument("--json", action="store_true")
+    add_target(dl, positional_app=True)
+    dl.add_argument("--task", help="only dead jobs of this task")
+    dl.add_argument("--error-type", help="only dead jobs that failed with this exception type")
+    dl.add_argument(
+        "--limit", type=integer(1), default=100, metavar="N", help="show at most N, >= 1 (100)"
+    )
+    dl.add_argument("--json", action="store_true", help="print JSON for scripts")
     ds = dsub.add_parser("show", help="show one dead job")
+    ds.add_argument("first", nargs="?", metavar="APP", help=APP_HELP)
+    ds.add_argument("id", metavar="ID", help="the dead job's entry id")
     add_target(ds, positional_app=False)
-    ds.add_argument("id")
     dr = dsub.add_parser("replay", help="put dead jobs back on the queue")
+    dr.add_argument("first", nargs="?", metavar="APP", help=APP_HELP)
+    dr.add_argument("ids", nargs="*", metavar="ID", help="entry ids to replay")
     add_target(dr, positional_app=False)
-    dr.add_argument("ids", nargs="*")
-    dr.add_argument("--all", action="store_true")
-    dr.add_argument("--task")
-    dr.add_argument("--edit-payload", help="replace the payload with this JSON")
+    dr.add_argument("--all", action="store_true", help="replay every dead job")
+    dr.add_argument("--task", help="replay the dead jobs of this task")
+    dr.add_argument("--edit-payload", metavar="JSON", help="replace the payload with this JSON")
     dp = dsub.add_parser("purge", help="delete dead jobs")
+    dp.add_argument("first", nargs="?", metavar="APP", help=APP_HELP)
+    dp.add_argument("ids", nargs="*", metavar="ID", help="entry ids to delete")
     add_target(dp, positional_app=False)
-    dp.add_argument("ids", nargs="*")
-    dp.add_argument("--older-than", type=float, help="only jobs that failed this many seconds ago")
-    dp.add_argument("--task")
-    dp.add_argument("--all", action="store_true")
+    dp.add_argument(
+        "--older-than",
+        type=number(0),
+        metavar="SECONDS",
+        help="only jobs that failed this many seconds ago or more, >= 0",
+    )
+    dp.add_argument("--task", help="only dead jobs of this task")
+    dp.add_argument("--all", action="store_true", help="every dead job")
+    for p in (dl, ds, dr, dp):
+        add_log_options(p)
+
+
+def _positionals(args: argparse.Namespace) -> None:
+    """``[APP] ID`` (show) and ``[APP] [ID...]`` (replay, purge): the app to ``args.app``."""
+    if args.dlq_command == "show":
+        given = [w for w in (args.first, args.id) if w is not None]
+        args.id = take_app(args, given, first_is_app=len(given) == 2)[0]
+    elif args.dlq_command in ("replay", "purge"):
+        args.ids = take_app(args, [args.first, *args.ids])
 
 
 async def run(args: argparse.Namespace) -> int:
     """``aqw dlq list|show|replay|purge``."""
+    _positionals(args)
     app = resolve_app(args, need_app=False)
     dlq = app.dlq
     try:

@@ -8,31 +8,59 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ._common import CliError, add_target, resolve_app
+from ..errors import UnknownTask
+from ._common import CliError, add_log_options, add_target, number, resolve_app, take_app
 
 
 def add_parser(sub: Any) -> None:
     """Add ``aqw enqueue`` to the command line's subparsers."""
-    e = sub.add_parser("enqueue", help="enqueue one job")
-    add_target(e, positional_app=True)
-    e.add_argument("task", help="task name")
-    e.add_argument("payload", nargs="?", help="payload as JSON")
+    e = sub.add_parser(
+        "enqueue",
+        help="enqueue one job",
+        description="Enqueue one job and print its id. The first argument is the app when it "
+        "looks like package.module:app (or when three are given); else the app comes from "
+        "--app or AQW_APP.",
+    )
+    e.add_argument(
+        "first", nargs="?", metavar="APP", help="the app, as package.module:app (or --app, AQW_APP)"
+    )
+    e.add_argument("task", metavar="TASK", help="task name")
+    e.add_argument("payload", nargs="?", metavar="PAYLOAD", help="payload as JSON")
+    add_target(e, positional_app=False)
     e.add_argument("--key", help="idempotency key")
-    e.add_argument("--delay", type=float, help="seconds before the job may run")
+    e.add_argument(
+        "--delay", type=number(0), metavar="SECONDS", help="seconds before the job may run, >= 0"
+    )
+    add_log_options(e)
+
+
+def task_and_payload(args: argparse.Namespace) -> tuple[str, str | None]:
+    """``[APP] TASK [PAYLOAD]``: the task and the payload, the app set in ``args.app``."""
+    words = [args.first, args.task, args.payload]
+    given = [w for w in words if w is not None]
+    rest = take_app(args, given, first_is_app=len(given) == 3)
+    if not rest:
+        raise CliError("name the task: aqw enqueue [APP] TASK [PAYLOAD]")
+    return rest[0], (rest[1] if len(rest) > 1 else None)
 
 
 async def run(args: argparse.Namespace) -> int:
-    """``aqw enqueue APP TASK [PAYLOAD] [--key KEY] [--delay SECONDS]``."""
+    """``aqw enqueue [APP] TASK [PAYLOAD] [--key KEY] [--delay SECONDS]``."""
+    task_name, raw = task_and_payload(args)
     app = resolve_app(args)
     try:
-        payload = json.loads(args.payload) if args.payload is not None else None
-    except json.JSONDecodeError as exc:
-        raise CliError(f"payload is not valid JSON: {exc}") from None
-    task = app.get_task(args.task)
-    try:
-        job_id = await task.enqueue(payload, key=args.key, delay=args.delay)
-    except ValidationError as exc:
-        raise CliError(f"payload does not fit task {args.task!r}: {exc}") from None
+        try:
+            payload = json.loads(raw) if raw is not None else None
+        except json.JSONDecodeError as exc:
+            raise CliError(f"payload is not valid JSON: {exc}") from None
+        try:
+            task = app.get_task(task_name)
+        except UnknownTask as exc:
+            raise CliError(str(exc)) from None
+        try:
+            job_id = await task.enqueue(payload, key=args.key, delay=args.delay)
+        except ValidationError as exc:
+            raise CliError(f"payload does not fit task {task_name!r}: {exc}") from None
     finally:
         await app.close()
     print(job_id)

@@ -10,13 +10,13 @@ from typing import Any
 
 from ..monitor import LogSink, Monitor, Sink, WebhookSink
 from ..telemetry import configure_otel, shutdown_otel
-from ._common import add_target, resolve_app
+from ._common import add_log_options, add_target, number, resolve_app
 
 
 def add_parser(sub: Any) -> None:
     """Add ``aqw monitor`` to the command line's subparsers."""
     p = sub.add_parser("monitor", help="evaluate the alert rules of a queue until stopped")
-    add_target(p, positional_app=False)
+    add_target(p, positional_app=True)
     p.add_argument(
         "--webhook",
         action="append",
@@ -24,7 +24,21 @@ def add_parser(sub: Any) -> None:
         metavar="URL",
         help="POST alert transitions as JSON to URL (repeatable)",
     )
-    p.add_argument("--interval", type=float, default=15.0, help="seconds between evaluations")
+    p.add_argument(
+        "--interval",
+        type=number(0, above=True),
+        default=15.0,
+        metavar="SECONDS",
+        help="seconds between evaluations, > 0 (default 15)",
+    )
+    p.add_argument(
+        "--give-up-after",
+        type=number(0, above=True),
+        default=60.0,
+        metavar="SECONDS",
+        help="exit 1 when the broker has not answered for this long (default 60)",
+    )
+    add_log_options(p)
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -32,15 +46,15 @@ async def run(args: argparse.Namespace) -> int:
     app = resolve_app(args, need_app=False)
     otel = configure_otel(service_name="aqw-monitor")
     sinks: list[Sink] = [LogSink(), *(WebhookSink(url) for url in args.webhook)]
-    monitor = Monitor(app, sinks=sinks, interval=args.interval)
-    stop = asyncio.Event()
+    monitor = Monitor(app, sinks=sinks, interval=args.interval, give_up_after=args.give_up_after)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, monitor.stop)
     try:
-        async with monitor:
-            await stop.wait()
+        # Until a signal stops it, or it gives up on an unreachable broker
+        # (BrokerUnavailable: one line on stderr, exit 1).
+        await monitor.run()
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):

@@ -13,36 +13,58 @@ from typing import Any
 
 from ..app import App
 from ..status import gather_status, render, render_job
-from ._common import add_target, resolve_app
+from ._common import add_log_options, add_target, number, resolve_app, take_app
 
 
 def add_parser(sub: Any) -> None:
     """Add ``aqw status`` to the command line's subparsers."""
-    p = sub.add_parser("status", help="queue depth, rates, workers, alerts; or one job's state")
+    p = sub.add_parser(
+        "status",
+        help="queue depth, rates, workers, alerts; or one job's state",
+        description="One screen on a queue, or one job's running state. The first argument "
+        "is the app when it looks like package.module:app (or when two are given).",
+    )
+    p.add_argument(
+        "first", nargs="?", metavar="APP", help="the app, as package.module:app (or --app, AQW_APP)"
+    )
+    p.add_argument("job_id", nargs="?", metavar="JOB_ID", help="show this job's running state")
     add_target(p, positional_app=False)
-    p.add_argument("job_id", nargs="?", help="show this job's running state instead")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
-    p.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS")
+    p.add_argument(
+        "--watch",
+        type=number(0, above=True),
+        metavar="SECONDS",
+        help="refresh every SECONDS (> 0) until Ctrl-C",
+    )
+    add_log_options(p)
+
+
+def job_argument(args: argparse.Namespace) -> str | None:
+    """``[APP] [JOB_ID]``: the job id, if any, the app set in ``args.app``."""
+    given = [w for w in (getattr(args, "first", None), getattr(args, "job_id", None)) if w]
+    rest = take_app(args, given, first_is_app=len(given) == 2)
+    return rest[0] if rest else None
 
 
 async def run(args: argparse.Namespace) -> int:
-    """``aqw status [JOB_ID] [--json] [--watch SECONDS]``."""
+    """``aqw status [APP] [JOB_ID] [--json] [--watch SECONDS]``."""
+    job_id = job_argument(args)
     app = resolve_app(args, need_app=False)
     try:
-        if getattr(args, "job_id", None):
-            state = await app.job_status(args.job_id)
+        if job_id:
+            state = await app.job_status(job_id)
             if args.json:
                 print(
                     json.dumps(
-                        {"job_id": args.job_id, "running": state is not None, "state": state},
+                        {"job_id": job_id, "running": state is not None, "state": state},
                         indent=2,
                         ensure_ascii=True,  # control characters as \uXXXX escapes
                     )
                 )
             else:
-                sys.stdout.write(render_job(args.job_id, state))
+                sys.stdout.write(render_job(job_id, state))
             return 0
-        if not getattr(args, "watch", None):
+        if getattr(args, "watch", None) is None:
             _show(await gather_status(app), args.json, clear=False)
             return 0
         await _watch(app, float(args.watch), args.json)

@@ -10,7 +10,15 @@ import time
 from typing import Any
 
 from ..telemetry import configure_otel, shutdown_otel
-from ._common import CliError, add_target, env_float, env_int, resolve_app
+from ._common import (
+    add_log_options,
+    add_target,
+    env_float,
+    env_int,
+    integer,
+    number,
+    resolve_app,
+)
 from .supervisor import run_supervised, worker_argv
 
 log = logging.getLogger("aqw.cli")
@@ -18,27 +26,44 @@ log = logging.getLogger("aqw.cli")
 
 def add_parser(sub: Any) -> None:
     """Add ``aqw worker`` to the command line's subparsers."""
-    w = sub.add_parser("worker", help="run a worker")
+    w = sub.add_parser("worker", help="run a worker", description="Run a worker until stopped.")
     add_target(w, positional_app=True)
-    w.add_argument("-c", "--concurrency", type=int, help="most jobs at once (default 100)")
-    w.add_argument("--prefetch", type=int, help="jobs fetched ahead of free slots (default 0)")
-    w.add_argument("--grace", type=float, help="seconds to finish jobs on shutdown (default 30)")
+    w.add_argument(
+        "-c",
+        "--concurrency",
+        type=integer(1),
+        metavar="N",
+        help="most jobs at once, >= 1 (default AQW_CONCURRENCY, else 100)",
+    )
+    w.add_argument(
+        "--prefetch",
+        type=integer(0),
+        metavar="N",
+        help="jobs fetched ahead of free slots, >= 0 (default AQW_PREFETCH, else 0)",
+    )
+    w.add_argument(
+        "--grace",
+        type=number(0),
+        metavar="SECONDS",
+        help="seconds to finish jobs on shutdown, >= 0 (default AQW_GRACE, else 30)",
+    )
     w.add_argument("--burst", action="store_true", help="exit when the queue is empty")
     w.add_argument(
         "-p",
         "--processes",
-        type=int,
-        help="supervised worker processes, one event loop each (default 1, or AQW_PROCESSES)",
+        type=integer(1),
+        metavar="N",
+        help="supervised worker processes, one event loop each, >= 1 "
+        "(default AQW_PROCESSES, else 1)",
     )
+    add_log_options(w)
 
 
 def processes(args: argparse.Namespace) -> int:
     """Worker processes from ``--processes`` or ``AQW_PROCESSES`` (default 1)."""
     count: int | None = args.processes
     if count is None:
-        count = env_int("AQW_PROCESSES", 1)
-    if count < 1:
-        raise CliError(f"--processes must be >= 1, got {count}")
+        count = env_int("AQW_PROCESSES", 1, minimum=1)
     return count
 
 
@@ -53,9 +78,15 @@ async def run(args: argparse.Namespace) -> int:
     app = resolve_app(args)
     if configure_otel("aqw-worker"):
         log.info("OpenTelemetry SDK configured from OTEL_* environment variables")
-    concurrency = args.concurrency or env_int("AQW_CONCURRENCY", 100)
-    prefetch = args.prefetch if args.prefetch is not None else env_int("AQW_PREFETCH", 0)
-    grace = args.grace if args.grace is not None else env_float("AQW_GRACE", 30.0)
+    concurrency: int | None = args.concurrency
+    if concurrency is None:
+        concurrency = env_int("AQW_CONCURRENCY", 100, minimum=1)
+    prefetch: int | None = args.prefetch
+    if prefetch is None:
+        prefetch = env_int("AQW_PREFETCH", 0, minimum=0)
+    grace: float | None = args.grace
+    if grace is None:
+        grace = env_float("AQW_GRACE", 30.0, minimum=0.0)
     worker = app.worker(
         concurrency=concurrency,
         prefetch=prefetch,

@@ -8,12 +8,19 @@ arguments without ``--processes``) and supervises them:
   worker ran for 30 s). More than ``max_restarts`` restarts within ``restart_window``
   seconds is a crash loop: the supervisor stops the others and exits 1;
 - a worker exiting 2 (a usage or configuration error) stops everything: exit 2;
+- workers that fail to start (exit 1: the broker unreachable, say) before any worker ever
+  started are not restarted: once none is left running, the supervisor says so in one line
+  and exits 1, as fast as one worker would. A worker counts as started once it has run for
+  ``started_after`` seconds (longer than a broker connect may take) or exited 0. After
+  that, a worker that fails is restarted as above (an outage that began later);
 - a worker exiting 0 by itself (``--burst`` found the queue empty) is not restarted; the
   supervisor exits 0 when all have;
 - SIGTERM or SIGINT is forwarded to every worker, which stops gracefully (running jobs get
   their grace period, unfinished ones are handed back). The supervisor waits for all of
-  them and exits 0. Workers still running ``stop_timeout`` seconds later (default: the
-  ``--grace`` plus 15 s), or after a second signal, are killed, and it exits 1.
+  them and exits 0. A second signal is forwarded too: the workers cancel their running
+  jobs and hand them back at once. Workers still running ``stop_timeout`` seconds later
+  (default: the ``--grace`` plus 15 s), or 5 s after a second signal, are killed, and it
+  exits 1.
 
 On Linux the workers get SIGTERM if the supervisor itself dies, so none is left orphaned.
 Jobs a killed worker was running are redelivered after their lease expires, by the broker.
@@ -44,7 +51,14 @@ __all__ = ["run_supervised", "worker_argv"]
 #: Exit status of a worker that met a usage or configuration error: restarting cannot help.
 EXIT_USAGE = 2
 
+#: Exit status of a worker that failed: at start, most often the broker is unreachable.
+EXIT_FAILED = 1
+
 POLL = 0.05
+
+#: Seconds the workers get to stop after a second signal (they cancel their running jobs
+#: and hand them back) before they are killed.
+FORCED_STOP = 5.0
 
 
 @dataclass
@@ -55,6 +69,7 @@ class _Slot:
     failures: int = 0
     restart_at: float | None = None
     finished: bool = False
+    held: bool = False  # failed to start before any worker started: not restarted (yet)
 
 
 def worker_argv(args: argparse.Namespace) -> list[str]:
@@ -63,6 +78,8 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
     argv: list[str] = []
     if getattr(args, "log_level", None):
         argv += ["--log-level", str(args.log_level)]
+    if getattr(args, "log_format", None):
+        argv += ["--log-format", str(args.log_format)]
     argv.append("worker")
     if getattr(args, "app", None):
         argv.append(str(args.app))
@@ -119,6 +136,7 @@ class _Supervisor:
         backoff: float,
         max_backoff: float,
         stable_after: float,
+        started_after: float,
     ) -> None:
         self.command = [sys.executable, "-m", "aqw", *argv]
         self.slots = [_Slot(i) for i in range(processes)]
@@ -128,6 +146,8 @@ class _Supervisor:
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.stable_after = stable_after
+        self.started_after = started_after
+        self.started = False  # some worker ever got going (see the module doc)
         self.restarts: deque[float] = deque()
         self.signals: list[int] = []
         self.status = 0
@@ -162,6 +182,7 @@ class _Supervisor:
             self._spawn(slot)
         while not self.signals:
             now = time.monotonic()
+            self._check_started(now)
             for slot in self.slots:
                 exited = slot.proc is not None and slot.proc.poll() is not None
                 if exited and not self._exited(slot, now):
@@ -174,12 +195,26 @@ class _Supervisor:
             time.sleep(POLL)
         return self._shutdown(self.signals[0])
 
+    def _check_started(self, now: float) -> None:
+        """Once a worker has run ``started_after`` seconds, restart the held ones."""
+        if self.started or not any(now - s.started >= self.started_after for s in self._alive()):
+            return
+        self.started = True
+        for slot in self.slots:
+            if slot.held:
+                slot.held = False
+                slot.restart_at = now
+                log.warning("worker %d failed to start; restarting it now others run", slot.index)
+
     def _exited(self, slot: _Slot, now: float) -> bool:
         """Handle a worker that exited; False when the supervisor must stop."""
         assert slot.proc is not None
         code, pid = slot.proc.returncode, slot.proc.pid
         slot.proc = None
+        if code == EXIT_FAILED and not self.started:
+            return self._failed_to_start(slot)
         if code == 0:
+            self.started = True
             log.info("worker %d (pid %d) finished", slot.index, pid)
             slot.finished = True
             return True
@@ -215,6 +250,25 @@ class _Supervisor:
         log.warning("worker %d (pid %d) %s; restarting in %.2fs", slot.index, pid, how, delay)
         return True
 
+    def _failed_to_start(self, slot: _Slot) -> bool:
+        """A worker exited 1 before any worker started: hold it; give up once none runs."""
+        slot.held = True
+        if self._alive() or any(s.restart_at is not None for s in self.slots):
+            log.debug("worker %d failed to start; waiting for the others", slot.index)
+            return True
+        held = sum(
+            s.held or (s.proc is not None and s.proc.poll() == EXIT_FAILED) for s in self.slots
+        )
+        log.error(
+            "no worker could start (%d of %d exited %d, most often: the broker is unreachable; "
+            "see their errors above): giving up without restarting them",
+            held,
+            len(self.slots),
+            EXIT_FAILED,
+        )
+        self.status = EXIT_FAILED
+        return False
+
     def _shutdown(self, sig: int) -> int:
         name = _signal_name(sig)
         alive = self._alive()
@@ -222,10 +276,19 @@ class _Supervisor:
         self._send(sig)
         deadline = time.monotonic() + self.stop_timeout
         handled = len(self.signals)
+        forced = False
         while self._alive():
-            if len(self.signals) > max(handled, 1):
-                log.warning("second signal: killing the workers")
-                break
+            if len(self.signals) > max(handled, 1) and not forced:
+                # The workers' own second-signal path: cancel the running jobs and hand
+                # them back at once. Killed only if that does not end them soon.
+                forced = True
+                log.warning(
+                    "second signal: the workers stop at once (running jobs handed back); "
+                    "killing any still running in %.0fs",
+                    FORCED_STOP,
+                )
+                self._send(sig)
+                deadline = min(deadline, time.monotonic() + FORCED_STOP)
             if time.monotonic() > deadline:
                 log.warning("workers still running after %.0fs: killing them", self.stop_timeout)
                 break
@@ -261,13 +324,14 @@ def run_supervised(
     backoff: float = 0.5,
     max_backoff: float = 30.0,
     stable_after: float = 30.0,
+    started_after: float = 10.0,
 ) -> int:
     """Run ``processes`` workers (``python -m aqw`` + ``argv``, e.g. ``["worker",
     "pkg.jobs:app", "--concurrency", "64"]``) until they finish or a signal stops them,
     restarting any that dies unexpectedly. Blocks; call it from the main thread, outside an
     event loop. Returns the exit status: 0 after a graceful stop (or when every worker
-    finished), 1 after a crash loop or when workers had to be killed, 2 when a worker met
-    a usage or configuration error.
+    finished), 1 after a crash loop, when no worker could start, or when workers had to be
+    killed, 2 when a worker met a usage or configuration error.
 
     Args:
         argv: the worker's command-line arguments, without ``--processes``.
@@ -279,6 +343,9 @@ def run_supervised(
         backoff: seconds before the first restart of a slot; doubles per consecutive failure.
         max_backoff: longest wait before a restart.
         stable_after: seconds a worker must run for its slot's backoff to start over.
+        started_after: seconds a worker must run to count as started: until one has (or
+            one exited 0), workers exiting 1 are not restarted, and when none is left
+            running the supervisor gives up (exit 1).
     """
     if processes < 1:
         raise ConfigError(f"--processes must be >= 1, got {processes!r}")
@@ -291,6 +358,7 @@ def run_supervised(
         backoff=backoff,
         max_backoff=max_backoff,
         stable_after=stable_after,
+        started_after=started_after,
     )
     previous: dict[int, Any] = {}
     for sig in (signal.SIGTERM, signal.SIGINT):

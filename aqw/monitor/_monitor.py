@@ -47,7 +47,7 @@ from .._damage import split_heartbeats, to_float
 from .._ids import consumer_name
 from .._text import printable
 from ..brokers.base import Broker
-from ..errors import ConfigError, LeaseLost, LeaseUnavailable
+from ..errors import BrokerUnavailable, ConfigError, LeaseLost, LeaseUnavailable
 from ..lease import Lease
 from ._rules import Baseline, check_depth, check_retries, check_stuck
 from ._sinks import Alert, LogSink, Sink
@@ -84,6 +84,9 @@ class Monitor:
             in one ``stuck_job:more`` alert, so a thousand hung jobs do not page a thousand times.
         lease_ttl: seconds the evaluator lease lives (default ``max(3 * interval, 30)``).
         name: this monitor's name (default: host, pid and a random suffix).
+        give_up_after: seconds without an answer from the broker (since ``run`` started,
+            or since its last answer) after which ``run`` raises ``BrokerUnavailable``
+            (default ``None``: retry forever).
 
     Use ``async with monitor:`` to run it in the background, ``run`` to run it in the
     current task, or ``evaluate_once`` to evaluate once now, without the lease.
@@ -109,6 +112,7 @@ class Monitor:
         max_job_alerts: int = 20,
         lease_ttl: float | None = None,
         name: str | None = None,
+        give_up_after: float | None = None,
     ) -> None:
         if isinstance(app_or_broker, Broker):
             self.broker, self.app = app_or_broker, None
@@ -143,6 +147,10 @@ class Monitor:
         self.lease_key = f"aqw:{{{self.queue}}}:monitor"
         self.heartbeat_name = f"monitor:{self.queue}"
         self.evaluations = 0
+        if give_up_after is not None and give_up_after <= 0:
+            raise ConfigError(f"Monitor give_up_after must be > 0 seconds, got {give_up_after!r}")
+        self.give_up_after = give_up_after
+        self._answered_at = 0.0  # time.monotonic() of the broker's last answer
         self._baseline = Baseline()
         self._active_alerts: dict[str, Alert] = {}
         self._is_active = False
@@ -204,11 +212,15 @@ class Monitor:
 
     async def run(self) -> None:
         """Evaluate every ``interval`` seconds while holding the evaluator lease; stand by
-        and retry while another monitor holds it. Returns after ``stop``."""
+        and retry while another monitor holds it. Returns after ``stop``; raises
+        ``BrokerUnavailable`` when the broker has not answered for ``give_up_after`` s."""
+        self._answered_at = time.monotonic()
         while not self._stop.is_set():
             lease = Lease(self.broker.lease_backend(), self.lease_key, ttl=self.lease_ttl)
+            pause = min(self.interval, self.lease_ttl / 3)
             try:
                 async with lease:
+                    self._answered_at = time.monotonic()
                     self._is_active = True
                     log.info(
                         "monitor %s is the active evaluator of queue %r", self.name, self.queue
@@ -216,14 +228,17 @@ class Monitor:
                     await self._restore()
                     await self._evaluate_loop()
             except LeaseUnavailable:
-                pass
+                self._answered_at = time.monotonic()
             except LeaseLost as exc:
                 log.warning("monitor %s lost the evaluator lease (%s); standing by", self.name, exc)
+            except BrokerUnavailable:
+                raise
             except Exception as exc:
+                pause = self._unanswered(exc, pause)
                 log.warning("monitor %s could not take the evaluator lease (%r)", self.name, exc)
             finally:
                 self._is_active = False
-            await self._sleep(min(self.interval, self.lease_ttl / 3))
+            await self._sleep(pause)
 
     def stop(self) -> None:
         """Ask ``run`` to return (it releases the lease first)."""
@@ -244,11 +259,29 @@ class Monitor:
 
     async def _evaluate_loop(self) -> None:
         while not self._stop.is_set():
+            pause = self.interval
             try:
                 await self.evaluate_once()
+                self._answered_at = time.monotonic()
             except Exception as exc:
+                pause = self._unanswered(exc, pause)
                 log.warning("monitor %s: evaluation failed (%r)", self.name, exc)
-            await self._sleep(self.interval)
+            await self._sleep(pause)
+
+    def _unanswered(self, exc: Exception, pause: float) -> float:
+        """A broker call failed: raise ``BrokerUnavailable`` once the broker has not
+        answered for ``give_up_after`` seconds, else the pause before the next try (cut
+        short so the giving up happens on time)."""
+        if self.give_up_after is None:
+            return pause
+        silent = time.monotonic() - self._answered_at
+        if silent >= self.give_up_after:
+            raise BrokerUnavailable(
+                f"cannot reach the broker {self.broker.describe()}: no answer for "
+                f"{silent:.0f}s, giving up (--give-up-after {self.give_up_after:g}s; last "
+                f"error: {printable(str(exc)) or type(exc).__name__})"
+            ) from exc
+        return min(pause, max(0.1, self.give_up_after - silent))
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

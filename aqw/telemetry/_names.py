@@ -56,4 +56,9 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "aqw.queue.delayed": ("gauge", "{job}", "Jobs scheduled for later"),
     "aqw.queue.dlq": ("gauge", "{job}", "Jobs in the dead-letter queue"),
     "aqw.worker.in_flight": ("gauge", "{job}", "Jobs running in this worker"),
+    "aqw.worker.loop_blocked": (
+        "counter",
+        "{stall}",
+        "Event-loop stalls longer than a third of the shortest lease TTL",
+    ),
 }

@@ -12,6 +12,7 @@ from ..brokers.base import Broker
 from ..job import Job
 from ..telemetry import Telemetry, now_ns
 from ._backoff import Backoff
+from ._outage import Outage
 from ._slots import Slots
 
 log = logging.getLogger("aqw.worker")
@@ -29,6 +30,8 @@ class Intake:
         lease_ttl: the lease TTL of a job (``None``: one that does not decode).
         min_ttl: the shortest lease TTL of the app's tasks: recovery scans several times
             per that TTL, and claims each job once its own lease has lapsed.
+        outage: the worker's outage reporter: the loops tell it of each failed and each
+            successful broker call, and it does the logging (one warning per outage).
     """
 
     def __init__(
@@ -42,6 +45,7 @@ class Intake:
         burst: bool,
         lease_ttl: Callable[[Job | None], float],
         min_ttl: float,
+        outage: Outage | None = None,
     ) -> None:
         self.broker = broker
         self.slots = slots
@@ -51,6 +55,7 @@ class Intake:
         self.burst = burst
         self.lease_ttl = lease_ttl
         self.min_ttl = min_ttl
+        self.outage = outage if outage is not None else Outage(broker.describe())
         self.transient = broker.transient_errors
         self.next_due: float | None = None
         self._idle_fetches = 0
@@ -72,10 +77,10 @@ class Intake:
                     for delivery in deliveries:
                         delivery.received = received
             except self.transient as exc:
-                delay = backoff.next()
-                log.warning("fetch failed (%r); retrying in %.2fs", exc, delay)
-                await asyncio.sleep(delay)
+                self.outage.failed("fetch", exc)
+                await asyncio.sleep(backoff.next())
                 continue
+            self.outage.ok()
             backoff.reset()
             for delivery in deliveries:
                 slots.offer(delivery)
@@ -115,10 +120,10 @@ class Intake:
             try:
                 wait = await self.broker.promote_due()
             except self.transient as exc:
-                delay = backoff.next()
-                log.warning("moving due jobs failed (%r); retrying in %.2fs", exc, delay)
-                await asyncio.sleep(delay)
+                self.outage.failed("moving due jobs", exc)
+                await asyncio.sleep(backoff.next())
                 continue
+            self.outage.ok()
             backoff.reset()
             self.next_due = None if wait is None else time.time() + wait
             await asyncio.sleep(0.05 if wait is None else min(wait, 0.05))
@@ -136,8 +141,9 @@ class Intake:
             try:
                 deliveries = await self.broker.reclaim(free, self.lease_ttl, self.min_ttl)
             except self.transient as exc:
-                log.warning("reclaiming abandoned jobs failed (%r)", exc)
+                self.outage.failed("reclaiming abandoned jobs", exc)
                 continue
+            self.outage.ok()
             if deliveries:
                 log.info("reclaimed %d jobs abandoned by a stopped consumer", len(deliveries))
             for delivery in deliveries:

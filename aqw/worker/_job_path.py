@@ -20,7 +20,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from ..brokers.base import Broker, Delivery
 from ..cache import Cache
-from ..context import Context, ContextHost
+from ..context import Context, ContextHost, job_fields
 from ..errors import (
     LeaseLost,
     LeaseUnavailable,
@@ -158,7 +158,14 @@ class JobPath:
         except LeaseLost as exc:
             self.stats.lease_lost += 1
             error = exc
-            log.warning("job %s (%s): %s; not acknowledged", job.id, job.task, exc)
+            log.warning(
+                "job %s (%s) attempt %d: %s; not acknowledged",
+                job.id,
+                job.task,
+                job.attempt,
+                exc,
+                extra=job_fields(job),
+            )
         except Exception as exc:
             error = exc
             await self.settler.crashed(delivery, job, task, exc, lease if lease.token else None)
@@ -211,6 +218,14 @@ class JobPath:
     async def _handle(
         self, job: Job, task: Task[Any], payload: Any, lease: Lease, jt: JobTrace
     ) -> Outcome:
+        if log.isEnabledFor(logging.DEBUG):  # the fields cost a dict per job
+            log.debug(
+                "job %s (%s) attempt %d started",
+                job.id,
+                job.task,
+                job.attempt,
+                extra=job_fields(job),
+            )
         began = time.perf_counter()
         with jt.handler() as span:
             outcome = await run_handler(task, payload, Context(job, lease, self.host))
@@ -220,6 +235,15 @@ class JobPath:
                 self.tel.record_error(span, outcome.error)
                 span.set_status(Status(StatusCode.ERROR, describe(outcome.error)))
         elapsed = time.perf_counter() - began
+        if outcome.kind == "ok" and log.isEnabledFor(logging.INFO):
+            log.info(
+                "job %s (%s) attempt %d succeeded in %.1f ms",
+                job.id,
+                job.task,
+                job.attempt,
+                elapsed * 1000,
+                extra={**job_fields(job), "duration_ms": round(elapsed * 1000, 3)},
+            )
         self.window.duration(elapsed)
         self.tel.observe("aqw.job.duration", elapsed, job.task)
         return outcome

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ class WorkerStats:
     malformed: int = 0
     duplicates_skipped: int = 0
     stuck: int = 0
+    loop_blocked: int = 0  # event-loop stalls the watchdog saw (``_watchdog.py``)
 
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -66,6 +68,10 @@ class RunningJob:
 #: so the many short jobs cost no extra round trips.
 STATE_AFTER = 0.5
 
+#: Jobs that ended lately, remembered (with when) for the blocked-loop watchdog: a handler
+#: that blocks the loop may end before the watchdog wakes to name it.
+ENDED_KEPT = 32
+
 
 def vars_of(obj: Any) -> dict[str, Any]:
     """A slotted dataclass as a dict."""
@@ -86,6 +92,7 @@ class RunningJobs:
         self._worker = worker
         self._spawn = spawn
         self._runs: dict[str, RunningJob] = {}
+        self._ended: deque[tuple[float, RunningJob]] = deque(maxlen=ENDED_KEPT)
 
     def __len__(self) -> int:
         return len(self._runs)
@@ -109,8 +116,13 @@ class RunningJobs:
         """The job ended here: forget it and clear its published state."""
         if self._runs.get(run.job.id) is run:
             del self._runs[run.job.id]
+            self._ended.append((time.monotonic(), run))
         if run.published:
             self._spawn(self._broker.clear_job_state(run.job.id))
+
+    def ended_since(self, when: float) -> list[RunningJob]:
+        """Jobs (of the last ``ENDED_KEPT``) that ended at or after ``when`` (monotonic)."""
+        return [run for ended, run in self._ended if ended >= when]
 
     def publish_due(self) -> None:
         """Publish the state of jobs that have now run ``STATE_AFTER`` seconds (checked by

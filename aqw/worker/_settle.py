@@ -3,6 +3,11 @@ broker step that also releases the job's lease and refuses when another holder o
 
 A lost connection is retried (``with_retries``) within the longest lease TTL; a step that is
 refused (another holder took the job over) is counted as a lost lease, never retried.
+
+Each failed attempt is logged once (logger ``aqw.worker``): a WARNING with its traceback when
+it will be retried, an ERROR naming the DLQ entry when it is dead-lettered; the traceback is
+redacted as the DLQ's is and bounded (``LOG_TRACEBACK_CHARS``). Every record about a job
+carries its ``job_id``, ``task`` and ``attempt`` as ``extra`` fields (``job_fields``).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 
 from .._redact import redact_traceback
 from ..brokers.base import Broker, Delivery, Failure
+from ..context import job_fields
 from ..errors import Retry
 from ..job import Job
 from ..lease import Lease
@@ -33,6 +39,9 @@ log = logging.getLogger("aqw.worker")
 
 #: The header a retried job carries: when it first failed (seconds since the epoch).
 FIRST_FAILURE = "aqw-first-failure"
+
+#: Longest traceback a log line carries (its last characters: the innermost frames).
+LOG_TRACEBACK_CHARS = 4000
 
 
 def first_failure(job: Job) -> float:
@@ -120,12 +129,14 @@ class Settler:
             if delay is None:
                 delay = policy.delay(job.attempt) * self.runaway.delay_factor(task.name)
             log.warning(
-                "job %s (%s) attempt %d failed: %s; retrying in %.2fs",
+                "job %s (%s) attempt %d failed: %s; retrying in %.2fs%s",
                 job.id,
                 job.task,
                 job.attempt,
                 describe(error),
                 delay,
+                "" if isinstance(error, Retry) else self.log_traceback(error),
+                extra=job_fields(job),
             )
             if await self.retry(delivery, job, delay, lease):
                 jt.settled("retry", {ATTR_RETRY_DELAY: delay})
@@ -135,10 +146,8 @@ class Settler:
                 self.lost(job)
             return
         self.runaway.record(task.name, False)
-        if await self.dead_letter(delivery, job, error, lease):
+        if await self.dead_letter(delivery, job, error, lease) is not None:
             jt.settled("dead_letter", {ATTR_DLQ_REASON: describe(error)})
-        else:
-            self.lost(job)
 
     async def _ack(
         self, task: Task[Any], delivery: Delivery, job: Job, lease: Lease, kind: str, jt: JobTrace
@@ -153,7 +162,11 @@ class Settler:
             self.window.count("skipped")
             self.tel.count("aqw.jobs.duplicates_skipped", task.name)
             log.info(
-                "job %s (%s) already completed under key %r; skipped", job.id, job.task, job.key
+                "job %s (%s) already completed under key %r; skipped",
+                job.id,
+                job.task,
+                job.key,
+                extra=job_fields(job),
             )
         else:
             self.stats.processed += 1
@@ -178,8 +191,10 @@ class Settler:
         lease: Lease | None = None,
         *,
         payload_error: bool = False,
-    ) -> bool:
-        """Move the delivery to the DLQ with the reason (``job`` None: it did not decode)."""
+    ) -> str | None:
+        """Move the delivery to the DLQ with the reason (``job`` None: it did not decode) and
+        log it at ERROR with the new entry's id; that id, or None when the step was refused
+        (counted and logged as a lost lease) or could not be sent in time."""
         reason = describe(error, payload_error)
         failure = Failure(
             error_type=type(error).__name__,
@@ -190,19 +205,44 @@ class Settler:
             failed_at=time.time(),
         )
         attempts = job.attempt if job else delivery.delivery_count
-        log.error(
-            "dead-lettering message %s (%s): %s",
-            delivery.id,
-            job.task if job else "undecodable",
-            reason,
-        )
-        step = partial(self.broker.dead_letter, delivery, job, failure, attempts, lease)
-        ok = await self.step(step)
-        if ok:
-            self.stats.dead += 1
-            self.window.count("dead")
-            self.tel.count("aqw.jobs.dead_lettered", job.task if job else None)
-        return ok
+        entry: list[str] = []
+
+        async def send() -> bool:
+            got = await self.broker.dead_letter(delivery, job, failure, attempts, lease)
+            if got is not None:
+                entry.append(got)
+            return got is not None
+
+        if not await self.step(send) or not entry:
+            if job is not None:
+                self.lost(job, f" (not dead-lettered: {reason})")
+            else:
+                log.warning("message %s (undecodable): not dead-lettered: %s", delivery.id, reason)
+            return None
+        self.stats.dead += 1
+        self.window.count("dead")
+        self.tel.count("aqw.jobs.dead_lettered", job.task if job else None)
+        if job is None:
+            log.error(
+                "message %s (undecodable) dead-lettered: %s; DLQ entry %s",
+                delivery.id,
+                reason,
+                entry[0],
+                extra={"dlq_entry": entry[0]},
+            )
+        else:
+            log.error(
+                "job %s (%s) attempt %d dead-lettered: %s; DLQ entry %s (aqw dlq show %s)%s",
+                job.id,
+                job.task,
+                job.attempt,
+                reason,
+                entry[0],
+                entry[0],
+                self.log_traceback(error),
+                extra={**job_fields(job), "dlq_entry": entry[0]},
+            )
+        return entry[0]
 
     async def give_back(self, delivery: Delivery) -> None:
         """Hand an unfinished delivery back for immediate redelivery (a shutdown, or a lease
@@ -229,13 +269,19 @@ class Settler:
         """The job path itself failed (a bug, damaged data, a backend error that is not a
         lost connection): retry the job with backoff while it has retries left, else
         dead-letter it with the reason. A delivery is never left pending to fail again."""
-        log.error("job path failed for message %s: %s", delivery.id, describe(exc), exc_info=exc)
+        retrying = (
+            job is not None and task is not None and task.options.retry.retries_left(job.attempt)
+        )
+        log.error(
+            "job path failed for message %s: %s%s",
+            delivery.id,
+            describe(exc),
+            self.log_traceback(exc) if retrying else "",  # else the dead-letter line has it
+            extra=job_fields(job) if job is not None else None,
+        )
         try:
-            if (
-                job is not None
-                and task is not None
-                and task.options.retry.retries_left(job.attempt)
-            ):
+            if retrying:
+                assert job is not None and task is not None
                 await self.retry(delivery, job, task.options.retry.delay(job.attempt), lease)
                 return
             await self.dead_letter(delivery, job, exc, lease)
@@ -244,18 +290,34 @@ class Settler:
                 "could not settle message %s (%s); it is redelivered after its lease",
                 delivery.id,
                 describe(again),
+                extra=job_fields(job) if job is not None else None,
             )
 
-    def lost(self, job: Job) -> None:
+    def lost(self, job: Job, why: str = "") -> None:
         """A settle step was refused: another holder took the job over."""
         self.stats.lease_lost += 1
         log.warning(
-            "job %s (%s): its lease passed to another holder before settling", job.id, job.task
+            "job %s (%s) attempt %d: its lease passed to another holder before settling%s",
+            job.id,
+            job.task,
+            job.attempt,
+            why,
+            extra=job_fields(job),
         )
 
     async def step(self, step: Callable[[], Awaitable[bool]]) -> bool:
         """Run one settle step, riding out a lost connection within ``within`` seconds."""
         return await with_retries(step, within=self.within, transient=self.broker.transient_errors)
+
+    def log_traceback(self, error: BaseException) -> str:
+        """``error``'s traceback for a log line, after a newline: redacted as the DLQ's is,
+        cut to its last ``LOG_TRACEBACK_CHARS``; empty for an error that was never raised."""
+        if error.__traceback__ is None:
+            return ""
+        text = self._traceback(error).rstrip("\n")
+        if len(text) > LOG_TRACEBACK_CHARS:
+            text = "... (cut)\n" + text[-LOG_TRACEBACK_CHARS:]
+        return "\n" + text
 
     def _traceback(self, error: BaseException) -> str:
         if self.redact:

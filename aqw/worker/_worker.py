@@ -30,10 +30,13 @@ from ._heartbeat import report_stuck, stuck_jobs, summary
 from ._intake import Intake
 from ._job_path import JobPath
 from ._locks import ResourceLock
+from ._outage import Outage
 from ._running import STATE_AFTER, RunningJobs, WorkerStats
 from ._settle import Settler
 from ._slots import Slots
 from ._stats import SlidingStats
+from ._stopping import Stopping
+from ._watchdog import LoopWatchdog
 
 log = logging.getLogger("aqw.worker")
 
@@ -106,7 +109,7 @@ class Worker:
         self._depth: QueueDepth | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._stop = asyncio.Event()
-        self._forced = asyncio.Event()  # a second signal: stop without waiting for jobs
+        self.stopping = Stopping(self._stop)  # a second signal: stop without waiting for jobs
         self._loops: list[asyncio.Task[None]] = []
         ttls = [app.lease_ttl, *(t.options.lease_ttl for t in app.tasks.values())]
         self._max_ttl = max(ttls)
@@ -143,6 +146,9 @@ class Worker:
             min_ttl=min(ttls),
             spawn=self._spawn,
         )
+        #: One voice for a broker outage, shared by the fetch, promote, reclaim and heartbeat
+        #: loops: a warning when the broker stops answering, a line when it answers again.
+        self.outage = Outage(self.broker.describe())
         self.intake = Intake(
             self.broker,
             self.slots,
@@ -152,6 +158,7 @@ class Worker:
             burst=burst,
             lease_ttl=self._lease_ttl_of,
             min_ttl=min(ttls),
+            outage=self.outage,
         )
 
     @property
@@ -212,6 +219,7 @@ class Worker:
             spawn(self.intake.promote_loop(), name="aqw-promote"),
             spawn(self.intake.reclaim_loop(), name="aqw-reclaim"),
             spawn(self._heartbeat_loop(), name="aqw-heartbeat"),
+            spawn(LoopWatchdog.of(self).run(), name="aqw-watchdog"),
         ]
         if self.handle_signals:
             self._install_signal_handlers()
@@ -278,26 +286,7 @@ class Worker:
         log.info("worker %s stopped: %s", self.name, self.stats.as_dict())
 
     async def _drain(self, grace: float) -> None:
-        """Let running jobs finish within ``grace`` seconds (cut short by a second signal),
-        then cancel the rest: they hand themselves back for immediate redelivery."""
-        pending = set(self.slots.jobs)
-        if not pending:
-            return
-        log.info("waiting up to %.1fs for %d running jobs", grace, len(pending))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace
-        forced = asyncio.ensure_future(self._forced.wait())
-        try:
-            while pending and not forced.done() and (left := deadline - loop.time()) > 0:
-                done, _ = await asyncio.wait(
-                    {*pending, forced}, timeout=left, return_when=asyncio.FIRST_COMPLETED
-                )
-                pending -= done
-        finally:
-            forced.cancel()
-        pending = {task for task in self.slots.jobs if not task.done()}
-        if pending:
-            await self.slots.cancel(pending, grace, self._max_ttl)
+        await self.stopping.drain(self.slots, grace, self._max_ttl)
 
     def _install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
@@ -312,16 +301,7 @@ class Worker:
                 loop.remove_signal_handler(sig)
 
     def _on_signal(self, sig: signal.Signals) -> None:
-        if self._stop.is_set():
-            log.warning(
-                "received %s again: cancelling running jobs now (they are handed "
-                "back, not acknowledged)",
-                sig.name,
-            )
-            self._forced.set()
-            return
-        log.info("received %s: stopping gracefully (send it again to stop at once)", sig.name)
-        self._stop.set()
+        self.stopping.on_signal(sig)
 
     # -- background loops ------------------------------------------------------------------
 
@@ -348,7 +328,9 @@ class Worker:
                     if self.tel.metering:
                         self._depth = await self.broker.depth()
                 except self._transient as exc:
-                    log.warning("could not publish the worker heartbeat (%r)", exc)
+                    self.outage.failed("publishing the worker heartbeat", exc)
+                else:
+                    self.outage.ok()
             await asyncio.sleep(min(self.heartbeat, STATE_AFTER / 2))
 
     def _gauges(self) -> list[tuple[str, float, dict[str, Any]]]:

@@ -1,7 +1,8 @@
 """Metrics through OpenTelemetry: give the App a MeterProvider (or set the global one).
 
 Here an in-memory reader collects them; in production use an OTLP or Prometheus reader.
-Needs the otel extra: pip install 'aqw[otel]'.
+Needs the otel extra: pip install -e '.[otel]' from a checkout, or
+pip install 'aqw[otel] @ git+https://<your git host>/aqw.git' (aqw is not on a package index yet).
 """
 
 import asyncio

@@ -2,7 +2,8 @@
 children for the lease, the handler and the settle step, in the producer's trace.
 
 Here an in-memory exporter collects the spans; in production use an OTLP exporter.
-Needs the otel extra: pip install 'aqw[otel]'.
+Needs the otel extra: pip install -e '.[otel]' from a checkout, or
+pip install 'aqw[otel] @ git+https://<your git host>/aqw.git' (aqw is not on a package index yet).
 """
 
 import asyncio

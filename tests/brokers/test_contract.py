@@ -352,12 +352,14 @@ async def test_dead_letter_records_the_failure_then_replay_and_delete(
     await b.publish([sent])
     d = await fetch_one(b)
     why = failure()
-    assert await b.dead_letter(d, sent, why, 3, None) is True
+    entry_id = await b.dead_letter(d, sent, why, 3, None)
+    assert isinstance(entry_id, str) and entry_id  # the new entry's id
     await assert_depth(kit, 0, 0, 0, 1)
     assert (await b.stats()).get("dead") == 1
     await assert_nothing_to_fetch(b)
 
     [dead] = await b.dlq_list()
+    assert dead.id == entry_id
     assert (dead.error_type, dead.error, dead.attempts) == ("ValueError", "bad value 7", 3)
     assert (dead.task, dead.job_id, dead.worker) == ("work", sent.id, "w-1")
     assert dead.data == sent.encode() and dead.job == sent
@@ -376,8 +378,9 @@ async def test_dead_letter_records_the_failure_then_replay_and_delete(
     assert again.data == sent.encode()
 
     # Dead again, then purged.
-    assert await b.dead_letter(again, sent, failure(error="again"), 4, None) is True
+    entry_id = await b.dead_letter(again, sent, failure(error="again"), 4, None)
     [dead2] = await b.dlq_list()
+    assert dead2.id == entry_id
     assert (dead2.error, dead2.attempts) == ("again", 4)
     assert await b.dlq_delete([dead2.id]) == 1
     assert await b.dlq_list() == []
@@ -392,8 +395,9 @@ async def test_dead_letter_of_an_undecodable_message(contract_broker: Contract) 
     sent = job(9)
     await b.publish([sent])
     d = await fetch_one(b)
-    assert await b.dead_letter(d, None, failure(error_type="MalformedJob"), 1, None) is True
+    entry_id = await b.dead_letter(d, None, failure(error_type="MalformedJob"), 1, None)
     [dead] = await b.dlq_list()
+    assert dead.id == entry_id
     assert dead.error_type == "MalformedJob" and dead.data == d.data
     if kit.sqs:
         # SQSBroker reads the job id and task back from the body when it is a job envelope.
@@ -423,7 +427,7 @@ async def test_depth_through_publish_fetch_retry_and_dead_letter(
         await assert_depth(kit, 0, 2, 0, 0)
     else:
         await assert_depth(kit, 0, 1, 1, 0)
-    assert await b.dead_letter(by_id[second.id], second, failure(), 1, None)
+    assert await b.dead_letter(by_id[second.id], second, failure(), 1, None) is not None
     if kit.sqs:
         await assert_depth(kit, 0, 1, 0, 1)
     else:

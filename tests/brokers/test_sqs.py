@@ -23,7 +23,7 @@ from pydantic import BaseModel
 import aqw
 from aqw.brokers import from_url
 from aqw.brokers.sqs import MAX_DELAY, SQSBroker
-from tests._helpers import eventually
+from tests._helpers import eventually, redis_url_db
 
 from .conftest import SQSKit
 
@@ -603,14 +603,11 @@ async def test_resource_locks_local_by_default_and_shared_with_a_lock_store(
 
     import redis.asyncio as redis
 
-    probe = redis.Redis.from_url("redis://127.0.0.1:6379/15")
+    probe = redis.Redis.from_url(redis_url_db(15))
     await probe.ping()  # CI starts Redis: an absent server fails this test
     shared_key = f"aqw:{{lk-{tmp_path.name}}}:lock:customer:7"
     try:
-        shared = [
-            from_url(sqs.url("lk", dlq="lk-dead", locks="redis://127.0.0.1:6379/15"))
-            for _ in range(2)
-        ]
+        shared = [from_url(sqs.url("lk", dlq="lk-dead", locks=redis_url_db(15))) for _ in range(2)]
         for broker in shared:
             await broker.connect()
         first = await shared[0].lease_backend().acquire(shared_key, "a", 5000)

@@ -25,7 +25,7 @@ from typing import Any
 import aqw
 from aqw.brokers.redis import RedisBroker
 
-REDIS_URL = os.environ.get("AQW_TEST_REDIS", "redis://127.0.0.1:6379/0")
+REDIS_URL = os.environ.get("AQW_TEST_REDIS_URL") or "redis://127.0.0.1:6379/0"
 
 
 async def main(queue: str, marker: Path, mode: str, lease_ttl: float) -> None:

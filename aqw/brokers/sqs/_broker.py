@@ -55,7 +55,7 @@ class SQSBroker(Broker):
         if pool < 1 or pollers < 1:
             raise ConfigError(f"sqs pool and pollers must be >= 1, got {pool!r}, {pollers!r}")
         connection = Connection(
-            region=region, endpoint_url=endpoint_url, pool=pool, setup=self._setup
+            region=region, endpoint_url=endpoint_url, pool=pool, setup=self._setup, queue=queue
         )
         queues = Queues(
             connection, queue, url=queue_url, dlq=dlq, visibility=visibility, create=create
@@ -123,6 +123,15 @@ class SQSBroker(Broker):
     def create(self) -> bool:
         """Missing queues are created on connect (``create=1``)."""
         return self._queues.create
+
+    def describe(self) -> str:
+        """The queue's URL once known (else its name, region and endpoint)."""
+        if self._queues.url:
+            return f"sqs {self._queues.url}"
+        where = ", ".join(
+            f"{k}={v}" for k, v in (("region", self.region), ("endpoint", self.endpoint_url)) if v
+        )
+        return f"sqs queue {self.queue}" + (f" ({where})" if where else "")
 
     @property
     def region(self) -> str | None:
@@ -229,7 +238,8 @@ class SQSBroker(Broker):
         failure: Failure,
         attempts: int,
         lease: Lease | None,
-    ) -> bool:
+    ) -> str | None:
+        """The DLQ message's id (the message's own with ``dlq=none``), or None: refused."""
         return await self._settler.dead_letter(delivery, job, failure, attempts, lease)
 
     async def requeue(self, delivery: Delivery, lease: Lease | None) -> bool:

@@ -1,5 +1,6 @@
-"""The aioboto3 SQS client of one broker (``Connection``): opened once, on first use; the
-batched DeleteMessage and ChangeMessageVisibility calls on it; the background tasks it runs."""
+"""The aioboto3 SQS client of one broker (``Connection``): opened once, on first use (a
+set-up mistake, such as no region, raised as one line: ``set_up_mistake``); the batched
+DeleteMessage and ChangeMessageVisibility calls on it; the background tasks it runs."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import aioboto3
 from aiobotocore.config import AioConfig
 
 from ._batching import Batcher
-from ._errors import request
+from ._errors import broker_name, request, set_up_mistake
 from ._limits import MAX_WAIT
 
 #: Run on a new client before anyone may use it, with the exit stack that closes it (for
@@ -26,8 +27,15 @@ class Connection:
     first when needed. A failed ``setup`` closes the new client again."""
 
     def __init__(
-        self, *, region: str | None, endpoint_url: str | None, pool: int, setup: Setup
+        self,
+        *,
+        region: str | None,
+        endpoint_url: str | None,
+        pool: int,
+        setup: Setup,
+        queue: str | None = None,
     ) -> None:
+        self.queue = queue  # names the broker in set-up errors
         self.region = region
         self.endpoint_url = endpoint_url
         self.pool = pool
@@ -51,13 +59,23 @@ class Connection:
                 read_timeout=MAX_WAIT + 10,
                 retries={"max_attempts": 3, "mode": "standard"},
             )
-            client = await stack.enter_async_context(
-                aioboto3.Session().client(
-                    "sqs", region_name=self.region, endpoint_url=self.endpoint_url, config=config
-                )
-            )
             try:
-                await self._setup(client, stack)
+                client = await stack.enter_async_context(
+                    aioboto3.Session().client(
+                        "sqs",
+                        region_name=self.region,
+                        endpoint_url=self.endpoint_url,
+                        config=config,
+                    )
+                )
+            except Exception as exc:  # no region, a malformed endpoint: one line, not botocore's
+                await stack.aclose()
+                mistake = set_up_mistake(exc, broker_name(self.queue))
+                if mistake is None:
+                    raise
+                raise mistake from exc
+            try:
+                await self._setup(client, stack)  # its requests name their queue in errors
             except BaseException:
                 await stack.aclose()
                 raise

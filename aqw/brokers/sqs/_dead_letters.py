@@ -52,8 +52,9 @@ class DeadLetters:
 
     async def send(
         self, delivery: Delivery, job: Job | None, failure: Failure, attempts: int
-    ) -> None:
-        """Send a dead job to the DLQ with its failure; without a DLQ (``dlq=none``) log it."""
+    ) -> str:
+        """Send a dead job to the DLQ with its failure and return the DLQ message's id;
+        without a DLQ (``dlq=none``) log it and return the message's own id."""
         dlq_url = self._queues.dlq_url
         if dlq_url is None:
             log.error(
@@ -62,7 +63,7 @@ class DeadLetters:
                 failure.error_type,
                 failure.error,
             )
-            return
+            return delivery.id
         doc = {
             "error_type": failure.error_type,
             "error": failure.error[:2000],
@@ -89,7 +90,8 @@ class DeadLetters:
         if self._queues.dlq_fifo:
             params["MessageGroupId"] = job.id if job is not None else delivery.id
             params["MessageDeduplicationId"] = dedup_id(delivery.id)
-        await self._connection.call("send_message", **params)
+        reply = await self._connection.call("send_message", **params)
+        return str(reply.get("MessageId") or delivery.id)
 
     async def dlq_list(self, count: int = 100, after: str | None = None) -> list[DeadJob]:
         entries = [self._dead_job(m) for m in await self._dlq_scan(None, release=True)]

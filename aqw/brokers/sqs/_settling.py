@@ -21,8 +21,9 @@ log = logging.getLogger("aqw.sqs")
 
 
 class Settler:
-    """SQSBroker's ``ack``, ``retry``, ``dead_letter`` and ``requeue``. Each returns False,
-    touching nothing, when another holder runs the job now; ``counts`` are what it did."""
+    """SQSBroker's ``ack``, ``retry``, ``dead_letter`` and ``requeue``. Each returns False
+    (``dead_letter``: None), touching nothing, when another holder runs the job now;
+    ``counts`` are what it did."""
 
     def __init__(
         self,
@@ -78,16 +79,17 @@ class Settler:
         failure: Failure,
         attempts: int,
         lease: Lease | None,
-    ) -> bool:
-        """Send to the DLQ (or drop with an error log, with ``dlq=none``), then delete."""
+    ) -> str | None:
+        """Send to the DLQ (or drop with an error log, with ``dlq=none``), then delete; the
+        DLQ message's id (the message's own with ``dlq=none``), None when refused."""
         held = self._held.take(delivery, lease)
         if held is None:
-            return False
-        await self._dead_letters.send(delivery, job, failure, attempts)
+            return None
+        entry_id = await self._dead_letters.send(delivery, job, failure, attempts)
         ok = await self._connection.delete(held.receipt, self._queues.url)
         await self._locks.unlock(lease)
         self._bump("dead")
-        return ok
+        return entry_id if ok else None
 
     async def requeue(self, delivery: Delivery, lease: Lease | None) -> bool:
         held = self._held.take(delivery, lease)

@@ -41,8 +41,17 @@ from urllib.parse import urlsplit
 from pydantic import ValidationError
 
 from ...brokers import from_url
-from ...errors import ConfigError
-from .._common import CliError, add_log_level, load_app, setup_logging
+from ...errors import ConfigError, UnknownTask
+from .._common import (
+    CliError,
+    Parser,
+    add_log_options,
+    integer,
+    load_app,
+    log_options,
+    number,
+    setup_logging,
+)
 from ._measure import Point, delete_queue, measure, queue_keys
 from ._report import Progress, recommend, redact, report
 
@@ -111,20 +120,31 @@ def add_parser(sub: Any) -> None:
         help="throughput tuning: sweep processes, concurrency, prefetch",
         description=DESCRIPTION,
     )
-    b.add_argument("--broker", help="broker URL (or AQW_BROKER; default: the app's, or memory://)")
     b.add_argument(
-        "--app", help="run a task of this app (package.module:app) instead of synthetic jobs"
+        "--broker",
+        metavar="URL",
+        help="broker URL (or AQW_BROKER; default: the app's, or memory://)",
+    )
+    b.add_argument(
+        "--app",
+        metavar="APP",
+        help="run a task of this app (package.module:app) instead of synthetic jobs; "
+        "AQW_APP is not read, so that an exported app never runs by surprise",
     )
     b.add_argument("--task", help="the task to run (with --app)")
-    b.add_argument("--payload", default="null", help="its sample payload, as JSON")
+    b.add_argument("--payload", default="null", metavar="JSON", help="its sample payload, as JSON")
     b.add_argument(
         "--work",
         choices=["noop", "sleep", "cpu", "mix"],
         default="noop",
         help="synthetic jobs: return, sleep, burn CPU, or each in turn",
     )
-    b.add_argument("--sleep-ms", type=float, default=10.0, help="ms a sleep job sleeps")
-    b.add_argument("--cpu-ms", type=float, default=1.0, help="ms of CPU a cpu job burns")
+    b.add_argument(
+        "--sleep-ms", type=number(0), default=10.0, metavar="MS", help="ms a sleep job sleeps"
+    )
+    b.add_argument(
+        "--cpu-ms", type=number(0), default=1.0, metavar="MS", help="ms of CPU a cpu job burns"
+    )
     b.add_argument(
         "-c",
         "--concurrency",
@@ -147,21 +167,27 @@ def add_parser(sub: Any) -> None:
     b.add_argument(
         "-n",
         "--jobs",
-        type=int,
+        type=integer(10),
+        metavar="N",
         help=f"jobs per setting in the drain phase (default {FULL.jobs}; --quick: {QUICK.jobs})",
     )
     b.add_argument(
         "--latency-seconds",
-        type=float,
+        type=number(0, above=True),
+        metavar="SECONDS",
         help=f"length of the latency phase (default {FULL.latency_seconds}; "
         f"--quick: {QUICK.latency_seconds})",
     )
     b.add_argument(
-        "--timeout", type=float, help=f"seconds each phase may take (default {FULL.timeout:.0f})"
+        "--timeout",
+        type=number(0, above=True),
+        metavar="SECONDS",
+        help=f"seconds each phase may take (default {FULL.timeout:.0f})",
     )
     b.add_argument("--queue", help="the bench queue (must be unused; default: a random name)")
     b.add_argument("--quick", action="store_true", help="a small grid, a few seconds")
     b.add_argument("--json", action="store_true", help="print the results as JSON")
+    add_log_options(b)
 
 
 def _config(args: argparse.Namespace) -> dict[str, Any]:
@@ -293,15 +319,16 @@ async def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m aqw.cli.bench._main ...``: the ``aqw bench`` command on its own."""
-    parser = argparse.ArgumentParser(prog="aqw")
-    add_log_level(parser, "WARNING")
+    parser = Parser(prog="aqw")
+    add_log_options(parser, "WARNING")
     sub = parser.add_subparsers(dest="command", required=True)
     add_parser(sub)
     args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
-    setup_logging(args.log_level, logging.BASIC_FORMAT)
     try:
+        level, fmt = log_options(args, "WARNING")
+        setup_logging(level, fmt=fmt)
         return asyncio.run(run(args))
-    except (CliError, ConfigError) as exc:
+    except (CliError, ConfigError, UnknownTask) as exc:
         print(f"aqw: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
