@@ -9,7 +9,11 @@ their message (which the handler's author wrote), made one line and length-cappe
 
 from __future__ import annotations
 
+import os
 import traceback
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
 
 from pydantic import ValidationError
 
@@ -21,6 +25,9 @@ _MAX_ERRORS = 5
 
 #: Exceptions of a ``__cause__``/``__context__`` chain ``redact_traceback`` follows.
 _MAX_CHAIN = 10
+
+#: aqw's own source directory: frames there above the user's code are left out.
+_AQW_DIR = str(Path(__file__).resolve().parent) + os.sep
 
 _CAUSE = "\nThe above exception was the direct cause of the following exception:\n\n"
 _CONTEXT = "\nDuring handling of the above exception, another exception occurred:\n\n"
@@ -42,7 +49,18 @@ def redact_message(error: BaseException, limit: int = MAX_CHARS) -> str:
 
 def redact_traceback(error: BaseException, limit: int = MAX_CHARS) -> str:
     """The traceback text of ``error`` and its chained causes with every exception's line
-    replaced by ``redact_error``: frames (file, line, source) are kept, messages redacted."""
+    replaced by ``redact_error``: frames (file, line, source) are kept, messages redacted,
+    and aqw's own frames above the first frame of the user's code are left out."""
+    return _format(error, lambda exc: redact_error(exc, limit) + "\n")
+
+
+def user_traceback(error: BaseException) -> str:
+    """The traceback text of ``error`` as Python prints it, less aqw's own frames above the
+    first frame of the user's code (the worker's call into the handler)."""
+    return _format(error, lambda exc: "".join(traceback.format_exception_only(exc)))
+
+
+def _format(error: BaseException, line: Callable[[BaseException], str]) -> str:
     chain: list[BaseException] = []
     seen: set[int] = set()
     exc: BaseException | None = error
@@ -58,11 +76,19 @@ def redact_traceback(error: BaseException, limit: int = MAX_CHARS) -> str:
         exc = chain[i]
         if exc.__traceback__ is not None:
             out.append("Traceback (most recent call last):\n")
-            out.extend(traceback.format_tb(exc.__traceback__))
-        out.append(redact_error(exc, limit) + "\n")
+            out.extend(_frames(exc.__traceback__))
+        out.append(line(exc))
         if i > 0:
             out.append(_CAUSE if chain[i - 1].__cause__ is exc else _CONTEXT)
     return "".join(out)
+
+
+def _frames(tb: TracebackType) -> list[str]:
+    """The frames of ``tb``, from the first that is not aqw's own (all of them when every
+    frame is aqw's: an error of aqw itself)."""
+    frames = traceback.extract_tb(tb)
+    first = next((i for i, f in enumerate(frames) if not f.filename.startswith(_AQW_DIR)), 0)
+    return traceback.format_list(frames[first:])
 
 
 def one_line(text: str, limit: int = MAX_CHARS) -> str:

@@ -4,8 +4,10 @@ the raw text."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -293,4 +295,26 @@ async def test_a_refused_enqueue_marks_its_publish_span(spans: Spans) -> None:
     assert publish.status.status_code is StatusCode.ERROR
     assert str(publish.status.description).startswith("PayloadTooLarge: task 'upload'")
     assert "x" * 100 not in spans.text()
+    await app.close()
+
+
+AQW_DIR = str(Path(aqw.__file__).resolve().parent)
+
+
+@pytest.mark.parametrize("redact", [True, False])
+async def test_a_handlers_traceback_starts_at_the_users_code(redact: bool) -> None:
+    app = aqw.App("memory://", queue=f"tb-{redact}", redact_errors=redact)
+
+    @app.task(name="boom", max_retries=0)
+    async def boom(n: int) -> None:
+        raise ValueError("bad row")
+
+    await boom.enqueue(1)
+    async with app.worker(burst=True) as worker:
+        await asyncio.wait_for(worker.wait_stopped(), 10)
+    [dead] = await app.dlq.list()
+    assert "in boom" in dead.traceback, dead.traceback
+    assert "ValueError" in dead.traceback
+    aqw_dir = AQW_DIR
+    assert aqw_dir not in dead.traceback, dead.traceback  # the worker's frames are left out
     await app.close()

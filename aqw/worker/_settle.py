@@ -16,12 +16,11 @@ import asyncio
 import logging
 import math
 import time
-import traceback
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
-from .._redact import redact_traceback
+from .._redact import redact_traceback, user_traceback
 from ..brokers.base import Broker, Delivery, Failure
 from ..context import job_fields
 from ..errors import Retry
@@ -322,4 +321,4 @@ class Settler:
     def _traceback(self, error: BaseException) -> str:
         if self.redact:
             return redact_traceback(error, limit=8000)
-        return "".join(traceback.format_exception(error))[-8000:]
+        return user_traceback(error)[-8000:]
