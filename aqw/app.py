@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any, TypeVar, overload
+from typing import Any, Literal, TypeVar, overload
 
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import MeterProvider
@@ -19,7 +19,7 @@ from .errors import ConfigError, PayloadTooLarge, UnknownTask
 from .job import Job
 from .retry import RetryPolicy
 from .task import Enqueued, Handler, Invalidates, Task, TaskOptions
-from .telemetry import Telemetry
+from .telemetry import TRACE_DETAILS, Telemetry
 from .worker import Worker
 
 R = TypeVar("R")
@@ -48,6 +48,10 @@ class App:
         meter_provider: an OpenTelemetry meter provider (default: the global one).
         trace_link: start each job's ``process`` span in a new trace linked to the
             producer's span instead of as its child.
+        trace_detail: ``"job"`` (the default): one ``process`` span per job, its stages
+            (receive, lease, handler, settle) recorded as timing attributes on it;
+            ``"stages"``: a child span per stage as well (five spans a job, several times
+            the cost).
         cache: the ``Cache`` handlers reach as ``ctx.cache``, and where tasks declared with
             ``invalidates=`` invalidate keys when they complete.
         max_payload_bytes: the most bytes a job may take encoded (its whole envelope,
@@ -74,6 +78,7 @@ class App:
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
         trace_link: bool = False,
+        trace_detail: Literal["job", "stages"] = "job",
         cache: Cache | None = None,
         max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD_BYTES,
         redact_errors: bool = True,
@@ -105,6 +110,9 @@ class App:
         self._tracer_provider = tracer_provider
         self._meter_provider = meter_provider
         self._trace_link = trace_link
+        if trace_detail not in TRACE_DETAILS:
+            raise ValueError(f"trace_detail must be one of {TRACE_DETAILS}, not {trace_detail!r}")
+        self._trace_detail = trace_detail
         self._telemetry: Telemetry | None = None
         self._telemetry_key: tuple[int, int] = (0, 0)
 
@@ -137,6 +145,7 @@ class App:
                 tracer_provider=tp,
                 meter_provider=mp,
                 link=self._trace_link,
+                detail=self._trace_detail,
                 redact=self.redact_errors,
             )
             self._telemetry_key = key

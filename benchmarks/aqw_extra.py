@@ -11,6 +11,7 @@
     jobs are enqueued one by one by a producer with the same sampler (each job its own
     ``publish`` span, as jobs enqueued from separate requests are), so the worker follows
     an independent 10% decision per job; the fraction actually sampled is reported;
+  - ``metrics_only``: the SDK's meter provider only, no tracer provider (tracing off);
 
 * drain rate on the in-process ``memory://`` broker.
 
@@ -43,7 +44,14 @@ DRAIN_TIMEOUT = 120.0
 ENQUEUE_LANES = 32
 
 #: telemetry variants of the Redis drain: label -> sampler ratio (None: telemetry off)
-VARIANTS: dict[str, float | None] = {"off": None, "on": 1.0, "sampled_10": SAMPLED_RATIO}
+VARIANTS: dict[str, float | None] = {
+    "off": None,
+    "on": 1.0,
+    "sampled_10": SAMPLED_RATIO,
+    "metrics_only": 1.0,
+}
+#: variants with metrics on and tracing off
+METRICS_ONLY = {"metrics_only"}
 
 
 class Telemetry:
@@ -88,7 +96,9 @@ async def flush() -> None:
         await client.aclose()
 
 
-async def drain(broker: str, jobs: int, ratio: float | None = None) -> tuple[float, float | None]:
+async def drain(
+    broker: str, jobs: int, ratio: float | None = None, traces: bool = True
+) -> tuple[float, float | None]:
     """(jobs/s, fraction of jobs whose trace was sampled; None with telemetry off)."""
     tel = Telemetry(ratio) if ratio is not None else None
     done = 0
@@ -96,7 +106,7 @@ async def drain(broker: str, jobs: int, ratio: float | None = None) -> tuple[flo
     app = aqw.App(
         broker,
         queue=QUEUE,
-        tracer_provider=tel.tp if tel else None,
+        tracer_provider=tel.tp if tel and traces else None,
         meter_provider=tel.mp if tel else None,
     )
 
@@ -155,7 +165,9 @@ async def enqueue_rates(n: int) -> tuple[float, float]:
 
 async def measure(jobs: int, repeat: int) -> dict[str, Any]:
     drains: dict[str, list[float]] = {label: [] for label in VARIANTS}
-    sampled: dict[str, list[float]] = {label: [] for label in VARIANTS if VARIANTS[label]}
+    sampled: dict[str, list[float]] = {
+        label: [] for label in VARIANTS if VARIANTS[label] and label not in METRICS_ONLY
+    }
     memory: list[float] = []
     singles: list[float] = []
     manys: list[float] = []
@@ -167,9 +179,9 @@ async def measure(jobs: int, repeat: int) -> dict[str, Any]:
             manys.append(many)
             for label, ratio in VARIANTS.items():
                 await flush()
-                rate, fraction = await drain(URL, jobs, ratio)
+                rate, fraction = await drain(URL, jobs, ratio, label not in METRICS_ONLY)
                 drains[label].append(rate)
-                if fraction is not None:
+                if label in sampled and fraction is not None:
                     sampled[label].append(fraction)
             memory.append((await drain(f"memory://{QUEUE}", jobs))[0])
     finally:
@@ -187,6 +199,8 @@ async def measure(jobs: int, repeat: int) -> dict[str, Any]:
         "telemetry_on_over_off": med["on"] / med["off"],
         "drain_telemetry_sampled_10": med["sampled_10"],
         "telemetry_sampled_10_over_off": med["sampled_10"] / med["off"],
+        "drain_metrics_only": med["metrics_only"],
+        "metrics_only_over_off": med["metrics_only"] / med["off"],
         "sampled_fraction": {k: statistics.median(v) for k, v in sampled.items()},
         "drain_memory": statistics.median(memory),
         "runs": {
@@ -228,6 +242,10 @@ def main() -> None:
         f"drain, telemetry on, 10%  {result['drain_telemetry_sampled_10']:>10,.0f} jobs/s"
         f"  ({100 * result['telemetry_sampled_10_over_off']:.0f}% of off,"
         f" {100 * frac['sampled_10']:.1f}% of traces sampled)"
+    )
+    print(
+        f"drain, metrics only       {result['drain_metrics_only']:>10,.0f} jobs/s"
+        f"  ({100 * result['metrics_only_over_off']:.0f}% of off, tracing off)"
     )
     print(f"drain, memory://          {result['drain_memory']:>10,.0f} jobs/s")
     print(f"wrote {args.out}")

@@ -9,10 +9,17 @@ Spans (OpenTelemetry messaging semantic conventions):
 - ``publish <queue>`` (PRODUCER) around enqueue; injects ``traceparent``/``tracestate`` into
   the job headers.
 - ``process <queue>`` (CONSUMER) per job; continues the producer's trace (``link=False``,
-  the default: a child) or starts a new trace linked to it (``link=True``). Children:
+  the default: a child) or starts a new trace linked to it (``link=True``). By default
+  (``detail="job"``) it is the job's only span: current while the handler runs, with the
+  stages as attributes (``aqw.receive_ms``, ``aqw.lease.acquire_ms``, ``aqw.handler_ms``,
+  ``aqw.settle_ms``, ``aqw.settle.outcome``). With ``detail="stages"``, children:
   ``receive <queue>`` (the fetch that delivered it), ``aqw.lease.acquire``, ``aqw.handler``
   (current while the handler runs, so its own spans nest under it) and ``aqw.settle``.
-  Events: ``aqw.lease.renewed``, ``aqw.lease.lost``, ``aqw.job.stuck``.
+  Events: ``aqw.lease.renewed``, ``aqw.lease.lost``, ``aqw.job.stuck`` (and, by default,
+  ``aqw.lease.refused``).
+
+Histogram values are kept per (metric, task) and handed to the SDK in a batch when it
+collects; counters are totals read at collection time.
 - ``aqw.lock <name>`` around ``ctx.lock(...)`` acquisitions.
 
 The package, one idea a module: ``_names`` (every span, event, attribute and metric name),
@@ -31,16 +38,21 @@ from ._names import (
     ATTR_DESTINATION,
     ATTR_DLQ_REASON,
     ATTR_FENCING_TOKEN,
+    ATTR_HANDLER_MS,
+    ATTR_LEASE_ACQUIRE_MS,
     ATTR_LEASE_WAIT,
     ATTR_LOCK,
     ATTR_MESSAGE_ID,
     ATTR_OPERATION_NAME,
     ATTR_OPERATION_TYPE,
     ATTR_OUTCOME,
+    ATTR_RECEIVE_MS,
     ATTR_RETRY_DELAY,
+    ATTR_SETTLE_MS,
     ATTR_SYSTEM,
     ATTR_TASK,
     EVENT_LOST,
+    EVENT_REFUSED,
     EVENT_RENEWED,
     EVENT_STUCK,
     METRICS,
@@ -52,6 +64,7 @@ from ._names import (
     SPAN_PUBLISH,
     SPAN_RECEIVE,
     SPAN_SETTLE,
+    TRACE_DETAILS,
 )
 from ._otel import configure_otel, shutdown_otel
 from ._telemetry import Telemetry
@@ -63,16 +76,21 @@ __all__ = [
     "ATTR_DESTINATION",
     "ATTR_DLQ_REASON",
     "ATTR_FENCING_TOKEN",
+    "ATTR_HANDLER_MS",
+    "ATTR_LEASE_ACQUIRE_MS",
     "ATTR_LEASE_WAIT",
     "ATTR_LOCK",
     "ATTR_MESSAGE_ID",
     "ATTR_OPERATION_NAME",
     "ATTR_OPERATION_TYPE",
     "ATTR_OUTCOME",
+    "ATTR_RECEIVE_MS",
     "ATTR_RETRY_DELAY",
+    "ATTR_SETTLE_MS",
     "ATTR_SYSTEM",
     "ATTR_TASK",
     "EVENT_LOST",
+    "EVENT_REFUSED",
     "EVENT_RENEWED",
     "EVENT_STUCK",
     "METRICS",
@@ -84,6 +102,7 @@ __all__ = [
     "SPAN_PUBLISH",
     "SPAN_RECEIVE",
     "SPAN_SETTLE",
+    "TRACE_DETAILS",
     "JobTrace",
     "Telemetry",
     "configure_otel",

@@ -3,11 +3,14 @@ and gauges read when the SDK collects."""
 
 from __future__ import annotations
 
+import threading
 import weakref
+from array import array
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from opentelemetry import metrics
+from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from ._names import METRICS
@@ -15,18 +18,36 @@ from ._names import METRICS
 #: A source of gauge readings: returns (metric name, value, attributes) tuples.
 GaugeSource = Callable[[], list[tuple[str, float, dict[str, Any]]]]
 
+#: Histogram values kept per (metric, queue, task) before they are handed to the SDK at
+#: once, from a background thread, without waiting for a collection (a bound on memory:
+#: 8 bytes a value).
+MAX_PENDING = 1 << 16
+
+#: Batched values are recorded outside any span: no exemplars from a job's trace.
+_NO_CONTEXT = Context()
+
+Pending = dict[tuple[str, str, str], tuple["array[float]", dict[str, Any]]]
+
 
 class Instruments:
     """The meter's instruments, made once per meter provider.
 
     Counters are observable counters over totals kept here: counting a job is a dict
     update, and the SDK reads the totals when it collects, instead of aggregating every
-    increment as it happens (several microseconds each, per job)."""
+    increment as it happens (several microseconds each, per job).
+
+    Histogram values are kept here too, per (metric, queue, task), and recorded into the
+    SDK's histograms in one batch when it collects (the first observable callback of a
+    collection flushes them, before the SDK reads its aggregations): a job appends two
+    floats instead of paying ~8 us per ``Histogram.record``. The recording cost is paid at
+    collection time instead, in the collecting thread (a periodic reader's own)."""
 
     def __init__(self, meter: metrics.Meter) -> None:
         self.meter = meter
         self.totals: dict[tuple[str, str, str], list[Any]] = {}
         self.histograms: dict[str, metrics.Histogram] = {}
+        self.pending: Pending = {}
+        self._lock = threading.Lock()  # pending is swapped by the collecting thread
         self.gauge_sources: list[GaugeSource] = []
         for name, (kind, unit, description) in METRICS.items():
             if kind == "counter":
@@ -40,8 +61,39 @@ class Instruments:
                     name, [self._observer(name)], unit=unit, description=description
                 )
 
+    def observe(self, key: tuple[str, str, str], value: float, attributes: dict[str, Any]) -> None:
+        """Keep ``value`` for histogram ``key[0]`` until the next collection."""
+        with self._lock:
+            entry = self.pending.get(key)
+            if entry is None:
+                entry = self.pending[key] = (array("d"), attributes)
+            values = entry[0]
+            values.append(value)
+            if len(values) < MAX_PENDING:
+                return
+            del self.pending[key]
+        # nobody collected for a long while: record this batch now, off the caller's thread
+        threading.Thread(
+            target=self._record, args=({key: entry},), name="aqw-histograms", daemon=True
+        ).start()
+
+    def flush(self) -> None:
+        """Record every kept histogram value in the SDK's histograms."""
+        if not self.pending:
+            return
+        with self._lock:
+            pending, self.pending = self.pending, {}
+        self._record(pending)
+
+    def _record(self, pending: Pending) -> None:
+        for (name, _, _), (values, attributes) in pending.items():
+            record = self.histograms[name].record
+            for value in values:
+                record(value, attributes, context=_NO_CONTEXT)
+
     def _totals(self, name: str) -> Callable[[CallbackOptions], Iterator[Observation]]:
         def observe(options: CallbackOptions) -> Iterator[Observation]:
+            self.flush()
             for (metric, _, _), (value, attributes) in list(self.totals.items()):
                 if metric == name:
                     yield Observation(value, attributes)
@@ -50,6 +102,7 @@ class Instruments:
 
     def _observer(self, name: str) -> Callable[[CallbackOptions], Iterator[Observation]]:
         def observe(options: CallbackOptions) -> Iterator[Observation]:
+            self.flush()
             for source in list(self.gauge_sources):
                 for metric, value, attributes in source():
                     if metric == name:

@@ -1,13 +1,20 @@
-"""The trace of one job: its ``process`` (CONSUMER) span, with the ``receive``, lease,
-handler and settle children and the lease and stuck events."""
+"""The trace of one job: its ``process`` (CONSUMER) span, with the lease and stuck events.
+
+By default (``trace_detail="job"``) that span is all: the stages are timing attributes on
+it (``aqw.receive_ms``, ``aqw.lease.acquire_ms``, ``aqw.handler_ms``, ``aqw.settle_ms``)
+and it is current while the handler runs. With ``trace_detail="stages"`` it also has the
+``receive``, ``aqw.lease.acquire``, ``aqw.handler`` and ``aqw.settle`` children (four more
+spans per job, each costing about as much as the ``process`` span itself)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextvars import Token
 from typing import TYPE_CHECKING, Any, Protocol
 
+from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
@@ -15,13 +22,18 @@ from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 from ._names import (
     ATTR_ATTEMPT,
     ATTR_FENCING_TOKEN,
+    ATTR_HANDLER_MS,
+    ATTR_LEASE_ACQUIRE_MS,
     ATTR_LEASE_WAIT,
     ATTR_MESSAGE_ID,
     ATTR_OPERATION_NAME,
     ATTR_OPERATION_TYPE,
     ATTR_OUTCOME,
+    ATTR_RECEIVE_MS,
+    ATTR_SETTLE_MS,
     ATTR_TASK,
     EVENT_LOST,
+    EVENT_REFUSED,
     EVENT_RENEWED,
     SPAN_HANDLER,
     SPAN_LEASE,
@@ -49,6 +61,9 @@ class Tracing(Protocol):
 
     @property
     def attributes(self) -> dict[str, Any]: ...
+
+    @property
+    def detail(self) -> str: ...
 
     def record_error(self, span: Span, error: BaseException, *, status: bool = False) -> None: ...
 
@@ -87,40 +102,118 @@ class JobTrace:
 NO_TRACE = JobTrace()
 
 
+def start_process_span(tel: Tracing, job: Job, fetched: tuple[int, int] | None) -> Span:
+    """Start the job's ``process`` span: a child of the producer's span in the job's
+    headers, or (``tel.link``) the root of a new trace linked to it."""
+    attrs = dict(tel.attributes)
+    attrs[ATTR_OPERATION_TYPE] = "process"
+    attrs[ATTR_OPERATION_NAME] = "process"
+    attrs[ATTR_MESSAGE_ID] = job.id
+    attrs[ATTR_TASK] = job.task
+    attrs[ATTR_ATTEMPT] = job.attempt
+    # An empty context, not None: None would mean "the current span", which is whatever
+    # was active when the worker started.
+    parent = propagate.extract(job.headers) if job.headers else Context()
+    links: list[Link] = []
+    if tel.link and parent is not None:
+        producer = trace.get_current_span(parent).get_span_context()
+        if producer.is_valid:
+            links.append(Link(producer))
+        parent = Context()
+    return tel.tracer.start_span(
+        SPAN_PROCESS.format(queue=tel.queue),
+        context=parent,
+        kind=SpanKind.CONSUMER,
+        attributes=attrs,
+        links=links,
+        start_time=fetched[0] if fetched else None,
+    )
+
+
+def _ms(ns: int) -> float:
+    return round(ns / 1e6, 3)
+
+
 class RecordingJobTrace(JobTrace):
-    """The spans of one job, recorded: the ``process`` span starts when this is made."""
+    """One recorded job as one span (``trace_detail="job"``): the stages are attributes,
+    gathered here and set on the span in one call when it ends."""
+
+    __slots__ = ("attrs", "began", "handler_end", "span", "tel", "token")
+
+    def __init__(self, tel: Tracing, span: Span, fetched: tuple[int, int] | None) -> None:
+        self.tel = tel
+        self.span = span
+        self.attrs: dict[str, Any] = {}
+        self.handler_end = 0
+        self.began = 0
+        self.token: Token[Context] | None = None
+        if fetched:
+            self.attrs[ATTR_RECEIVE_MS] = _ms(fetched[1] - fetched[0])
+
+    def lease_acquired(self, lease: Lease, started_ns: int) -> None:
+        attrs = self.attrs
+        attrs[ATTR_LEASE_ACQUIRE_MS] = _ms(now_ns() - started_ns)
+        attrs[ATTR_LEASE_WAIT] = lease.waited
+        attrs[ATTR_FENCING_TOKEN] = lease.fencing_token
+        lease.on_renewed(self._renewed)
+        lease.on_lost(self._lost)
+
+    def _renewed(self, lease: Lease) -> None:
+        self.span.add_event(EVENT_RENEWED, {"aqw.lease.renewals": lease.renewals})
+
+    def _lost(self, lease: Lease) -> None:
+        self.span.add_event(EVENT_LOST, {"aqw.lease.reason": lease.lost_reason or ""})
+
+    def lease_refused(self, started_ns: int) -> None:
+        self.attrs[ATTR_LEASE_ACQUIRE_MS] = _ms(now_ns() - started_ns)
+        self.span.add_event(EVENT_REFUSED)
+
+    def handler(self) -> AbstractContextManager[Any]:
+        # the process span is current, so the handler's own spans nest under it; an error
+        # is recorded once, on the process span, by end()
+        return self
+
+    def __enter__(self) -> None:
+        self.token = otel_context.attach(trace.set_span_in_context(self.span))
+        self.began = now_ns()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.handler_end = now_ns()
+        self.attrs[ATTR_HANDLER_MS] = _ms(self.handler_end - self.began)
+        if self.token is not None:
+            otel_context.detach(self.token)
+            self.token = None
+
+    def settled(self, outcome: str, attributes: dict[str, Any] | None = None) -> None:
+        attrs = self.attrs
+        attrs[ATTR_OUTCOME] = outcome
+        if attributes:
+            attrs.update(attributes)
+        if self.handler_end:
+            attrs[ATTR_SETTLE_MS] = _ms(now_ns() - self.handler_end)
+
+    def event(self, name: str, attributes: dict[str, Any] | None = None) -> None:
+        self.span.add_event(name, attributes or {})
+
+    def end(self, error: BaseException | None = None) -> None:
+        if self.attrs:
+            self.span.set_attributes(self.attrs)
+        if error is not None:
+            self.tel.record_error(self.span, error, status=True)
+        self.span.end()
+
+
+class StagesJobTrace(JobTrace):
+    """One recorded job with a child span per stage (``trace_detail="stages"``): ``receive``,
+    ``aqw.lease.acquire``, ``aqw.handler`` and ``aqw.settle``."""
 
     __slots__ = ("ctx", "span", "tel")
 
-    def __init__(self, tel: Tracing, job: Job, fetched: tuple[int, int] | None) -> None:
+    def __init__(self, tel: Tracing, span: Span, fetched: tuple[int, int] | None) -> None:
         self.tel = tel
-        attrs = dict(tel.attributes)
-        attrs[ATTR_OPERATION_TYPE] = "process"
-        attrs[ATTR_OPERATION_NAME] = "process"
-        attrs[ATTR_MESSAGE_ID] = job.id
-        attrs[ATTR_TASK] = job.task
-        attrs[ATTR_ATTEMPT] = job.attempt
-        # An empty context, not None: None would mean "the current span", which is whatever
-        # was active when the worker started.
-        parent = propagate.extract(job.headers) if job.headers else Context()
-        links: list[Link] = []
-        if tel.link and parent is not None:
-            producer = trace.get_current_span(parent).get_span_context()
-            if producer.is_valid:
-                links.append(Link(producer))
-            parent = Context()
-        name = SPAN_PROCESS.format(queue=tel.queue)
-        start = fetched[0] if fetched else None
-        self.span = tel.tracer.start_span(
-            name,
-            context=parent,
-            kind=SpanKind.CONSUMER,
-            attributes=attrs,
-            links=links,
-            start_time=start,
-        )
-        self.ctx = trace.set_span_in_context(self.span)
-        if fetched and self.span.is_recording():
+        self.span = span
+        self.ctx = trace.set_span_in_context(span)
+        if fetched:
             receive = tel.tracer.start_span(
                 SPAN_RECEIVE.format(queue=tel.queue),
                 context=self.ctx,

@@ -16,6 +16,11 @@ SPAN_LOCK = "aqw.lock {name}"
 EVENT_RENEWED = "aqw.lease.renewed"
 EVENT_LOST = "aqw.lease.lost"
 EVENT_STUCK = "aqw.job.stuck"
+EVENT_REFUSED = "aqw.lease.refused"
+
+#: ``App(trace_detail=...)``: one ``process`` span per job with its stages as attributes
+#: (``job``, the default), or with a child span per stage as well (``stages``).
+TRACE_DETAILS = ("job", "stages")
 
 ATTR_SYSTEM = "messaging.system"
 ATTR_DESTINATION = "messaging.destination.name"
@@ -32,6 +37,11 @@ ATTR_RETRY_DELAY = "aqw.retry.delay"
 ATTR_DLQ_REASON = "aqw.dead_letter.reason"
 ATTR_LEASE_WAIT = "aqw.lease.wait"
 ATTR_LOCK = "aqw.lock.name"
+# stage timings on the ``process`` span (trace_detail="job"), milliseconds
+ATTR_RECEIVE_MS = "aqw.receive_ms"
+ATTR_LEASE_ACQUIRE_MS = "aqw.lease.acquire_ms"
+ATTR_HANDLER_MS = "aqw.handler_ms"
+ATTR_SETTLE_MS = "aqw.settle_ms"
 
 # -- metric names (OTel; a Prometheus exporter renders dots as underscores and adds unit
 #    suffixes and `_total` on counters: aqw_jobs_processed_total, aqw_job_duration_seconds) --

@@ -13,7 +13,13 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from .._redact import redact_error, redact_message, redact_traceback
 from .._version import __version__
 from ._instruments import INSTRUMENTS, GaugeSource, Instruments
-from ._job_trace import NO_TRACE, JobTrace, RecordingJobTrace
+from ._job_trace import (
+    NO_TRACE,
+    JobTrace,
+    RecordingJobTrace,
+    StagesJobTrace,
+    start_process_span,
+)
 from ._names import (
     ATTR_BATCH_COUNT,
     ATTR_DESTINATION,
@@ -26,6 +32,7 @@ from ._names import (
     SCOPE,
     SPAN_LOCK,
     SPAN_PUBLISH,
+    TRACE_DETAILS,
 )
 from ._otel import sdk_configured
 
@@ -44,6 +51,9 @@ class Telemetry:
         meter_provider: an explicit meter provider (default: the global one).
         link: start each job's ``process`` span in a new trace linked to the producer's,
             instead of as its child.
+        detail: ``job`` (the default): one ``process`` span per job, its stages recorded as
+            attributes on it; ``stages``: with a child span per stage as well (``receive``,
+            ``aqw.lease.acquire``, ``aqw.handler``, ``aqw.settle``).
         redact: record errors on spans without payload contents: ``exception.message``,
             ``exception.stacktrace`` and the ERROR status carry ``aqw._redact`` text (a
             ``ValidationError`` as locations and messages, no input values). False: the
@@ -59,12 +69,17 @@ class Telemetry:
         meter_provider: metrics.MeterProvider | None = None,
         link: bool = False,
         redact: bool = True,
+        detail: str = "job",
     ) -> None:
+        if detail not in TRACE_DETAILS:
+            raise ValueError(f"trace detail must be one of {TRACE_DETAILS}, not {detail!r}")
         tp = tracer_provider or trace.get_tracer_provider()
         mp = meter_provider or metrics.get_meter_provider()
         self.queue = queue
         self.link = link
         self.redact = redact
+        self.detail = detail
+        self._trace_class = RecordingJobTrace if detail == "job" else StagesJobTrace
         self.tracing = sdk_configured(tp)
         self.metering = sdk_configured(mp)
         self.tracer = tp.get_tracer(SCOPE, __version__)
@@ -101,9 +116,17 @@ class Telemetry:
                 total[0] += n
 
     def observe(self, name: str, value: float, task: str | None = None) -> None:
-        """Record ``value`` in histogram ``name``."""
+        """Record ``value`` in histogram ``name``: kept here, and handed to the SDK in a batch
+        when it collects (see ``Instruments``)."""
         if self._instruments is not None:
-            self._instruments.histograms[name].record(value, self.metric_attributes(task))
+            key = (name, self.queue, task or "")
+            self._instruments.observe(key, value, self.metric_attributes(task))
+
+    def flush(self) -> None:
+        """Hand the histogram values kept so far to the SDK now (it does so itself whenever
+        it collects)."""
+        if self._instruments is not None:
+            self._instruments.flush()
 
     def add_gauges(self, source: GaugeSource) -> None:
         """Register a source of gauge readings: (metric name, value, attributes) tuples."""
@@ -192,11 +215,11 @@ class Telemetry:
         """The trace of one job's processing (a no-op when tracing is off)."""
         if not self.tracing:
             return NO_TRACE
-        jt = RecordingJobTrace(self, job, fetched)
-        if not jt.span.is_recording():  # sampled out: no children, no events
-            jt.span.end()
+        span = start_process_span(self, job, fetched)
+        if not span.is_recording():  # sampled out: no children, no events
+            span.end()
             return NO_TRACE
-        return jt
+        return self._trace_class(self, span, fetched)
 
     def lock(self, name: str) -> AbstractContextManager[Any]:
         """A span around a lock acquisition."""
