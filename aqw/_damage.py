@@ -130,10 +130,6 @@ def damaged_heartbeat(worker: str, reason: str) -> dict[str, Any]:
     return {"kind": DAMAGED_KIND, "worker": worker, "damaged": reason}
 
 
-def is_damaged_heartbeat(beat: Any) -> bool:
-    return not isinstance(beat, dict) or beat.get("kind") == DAMAGED_KIND
-
-
 def _is_number(value: Any) -> bool:
     return to_float(value, None) is not None and not isinstance(value, str | bytes)
 

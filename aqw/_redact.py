@@ -3,8 +3,9 @@ by more people than its data: worker heartbeats (``aqw status``) and span events
 
 A pydantic ``ValidationError`` is the usual leak: its text repeats every bad input value
 (``input_value='...'``). Here it becomes only the location and message of each error, as
-``describe`` in ``_outcome`` does for logs and the dead-letter queue. Other exceptions keep
-their message (which the handler's author wrote), made one line and length-capped.
+``describe`` in ``worker/_handler.py`` does for logs and the dead-letter queue. Other
+exceptions keep their message (which the handler's author wrote), made one line and
+length-capped.
 """
 
 from __future__ import annotations

@@ -10,16 +10,15 @@ the test's cleanup removes them with the queue.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import random
 import sys
 
+from _worker_script import REDIS_URL, run, serve
 from redis.asyncio import Redis
 
 import aqw
 
-REDIS_URL = os.environ.get("AQW_TEST_REDIS_URL") or "redis://127.0.0.1:6379/0"
 LEASE_TTL = 1.0
 
 #: KEYS[1] ledger list, KEYS[2] hash job id -> highest fencing token recorded,
@@ -62,20 +61,8 @@ def make_app(queue: str, ledger: Redis | None = None) -> aqw.App:
 async def main(queue: str, concurrency: int) -> None:
     ledger = Redis.from_url(REDIS_URL)
     app = make_app(queue, ledger)
-    try:
-        worker = app.worker(concurrency=concurrency, grace=5.0, handle_signals=True)
-        await worker.start()
-        print(f"ready {os.getpid()} {worker.name}", flush=True)
-        try:
-            await worker.wait_stopped()
-        finally:
-            await worker.stop()
-        print(f"stopped {worker.stats.as_dict()}", flush=True)
-    finally:
-        await app.close()
-        await ledger.aclose()
+    await serve(app, ledger, concurrency=concurrency, grace=5.0)
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    asyncio.run(main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 8))
+    run(main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 8))

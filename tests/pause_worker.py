@@ -13,30 +13,18 @@ test's cleanup removes it with the queue.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import sys
 import time
 
+from _worker_script import REDIS_URL, TIMED_LEDGER_WRITE, ledger_key, run, serve
 from redis.asyncio import Redis
 
 import aqw
 
-REDIS_URL = os.environ.get("AQW_TEST_REDIS_URL") or "redis://127.0.0.1:6379/0"
 LEASE_TTL = 1.0
 STEPS = 30
 STEP = 0.1
-
-#: KEYS[1] ledger; ARGV[1] the entry. Appends the server's clock to the entry.
-LEDGER_WRITE = """
-local t = redis.call('TIME')
-redis.call('RPUSH', KEYS[1], ARGV[1] .. ' ' .. t[1] .. '.' .. string.format('%06d', t[2]))
-return 1
-"""
-
-
-def ledger_key(queue: str) -> str:
-    return f"aqw:{{{queue}}}:ledger"
 
 
 def parse(entry: bytes) -> tuple[int, str, int, float, float]:
@@ -46,7 +34,7 @@ def parse(entry: bytes) -> tuple[int, str, int, float, float]:
 
 def register(app: aqw.App, ledger: Redis | None) -> None:
     """Register ``steps`` on ``app``, writing its ledger through ``ledger``."""
-    write = ledger.register_script(LEDGER_WRITE) if ledger is not None else None
+    write = ledger.register_script(TIMED_LEDGER_WRITE) if ledger is not None else None
     key = ledger_key(app.queue)
 
     @app.task(name="steps", lease_ttl=LEASE_TTL, timeout=60.0, max_retries=3)
@@ -64,20 +52,8 @@ async def main(queue: str) -> None:
     ledger = Redis.from_url(REDIS_URL)
     app = aqw.App(REDIS_URL, queue=queue)
     register(app, ledger)
-    try:
-        worker = app.worker(concurrency=4, grace=2.0, handle_signals=True)
-        await worker.start()
-        print(f"ready {os.getpid()} {worker.name}", flush=True)
-        try:
-            await worker.wait_stopped()
-        finally:
-            await worker.stop()
-        print(f"stopped {worker.stats.as_dict()}", flush=True)
-    finally:
-        await app.close()
-        await ledger.aclose()
+    await serve(app, ledger, concurrency=4, grace=2.0)
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    asyncio.run(main(sys.argv[1]))
+    run(main(sys.argv[1]))

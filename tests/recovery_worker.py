@@ -14,27 +14,16 @@ the queue's hash tag, so the test's cleanup removes it with the queue.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import sys
 
+from _worker_script import REDIS_URL, TIMED_LEDGER_WRITE, ledger_key, run, serve
 from redis.asyncio import Redis
 
 import aqw
 
-REDIS_URL = os.environ.get("AQW_TEST_REDIS_URL") or "redis://127.0.0.1:6379/0"
 SHORT_TTL = 2.0
 LONG_TTL = 60.0
-
-LEDGER_WRITE = """
-local t = redis.call('TIME')
-redis.call('RPUSH', KEYS[1], ARGV[1] .. ' ' .. t[1] .. '.' .. string.format('%06d', t[2]))
-return 1
-"""
-
-
-def ledger_key(queue: str) -> str:
-    return f"aqw:{{{queue}}}:ledger"
 
 
 def parse(entry: bytes) -> tuple[str, str, int, int, int, float]:
@@ -44,7 +33,7 @@ def parse(entry: bytes) -> tuple[str, str, int, int, int, float]:
 
 def make_app(queue: str, ledger: Redis | None = None) -> aqw.App:
     app = aqw.App(REDIS_URL, queue=queue)  # the default lease_ttl: 30 s
-    write = ledger.register_script(LEDGER_WRITE) if ledger is not None else None
+    write = ledger.register_script(TIMED_LEDGER_WRITE) if ledger is not None else None
     key = ledger_key(queue)
 
     async def run(name: str, hold: float, ctx: aqw.Context) -> None:
@@ -68,20 +57,8 @@ def make_app(queue: str, ledger: Redis | None = None) -> aqw.App:
 async def main(queue: str, concurrency: int) -> None:
     ledger = Redis.from_url(REDIS_URL)
     app = make_app(queue, ledger)
-    try:
-        worker = app.worker(concurrency=concurrency, grace=15.0, handle_signals=True)
-        await worker.start()
-        print(f"ready {os.getpid()} {worker.name}", flush=True)
-        try:
-            await worker.wait_stopped()
-        finally:
-            await worker.stop()
-        print(f"stopped {worker.stats.as_dict()}", flush=True)
-    finally:
-        await app.close()
-        await ledger.aclose()
+    await serve(app, ledger, concurrency=concurrency, grace=15.0)
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    asyncio.run(main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 1))
+    run(main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 1))

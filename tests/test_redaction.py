@@ -207,8 +207,32 @@ async def test_a_workers_heartbeat_keeps_the_raw_text_when_redaction_is_off(
 # -- spans -----------------------------------------------------------------------------------------
 
 
+async def test_the_one_span_of_a_failed_job_carries_no_payload_values(spans: Spans) -> None:
+    app = aqw.App("memory://redact-one-span", tracer_provider=spans.tp)  # the default detail
+
+    @app.task(name="charge", max_retries=0)
+    async def charge(card_id: str) -> None:
+        Card.model_validate({"number": SECRET, "holder": card_id})
+
+    await charge.enqueue("c-1")
+    async with app.worker(concurrency=1) as worker:
+        await eventually(lambda: worker.stats.dead == 1, 10, "the job dead-lettered")
+    await eventually(lambda: len(spans.finished()) >= 2, 5, "the job's spans")
+    process = spans.named("process redact-one-span")
+    assert process.status.status_code is StatusCode.ERROR
+    exceptions = [e for e in process.events if e.name == "exception"]
+    assert len(exceptions) == 1
+    for span in spans.finished():
+        texts = [str(span.status.description), str(dict(span.attributes or {}))]
+        texts += [str(dict(e.attributes or {})) for e in span.events]
+        assert all(SECRET not in text for text in texts), span.name
+    await app.close()
+
+
 async def test_spans_of_a_failed_job_carry_no_payload_values(spans: Spans) -> None:
-    app = aqw.App("memory://redact-spans", tracer_provider=spans.tp)
+    app = aqw.App(
+        "memory://redact-spans", tracer_provider=spans.tp, trace_detail="stages"
+    )  # a child span per stage: the handler's is checked too
 
     @app.task(name="charge", max_retries=0)
     async def charge(card_id: str) -> None:
@@ -233,7 +257,9 @@ async def test_spans_of_a_failed_job_carry_no_payload_values(spans: Spans) -> No
 
 
 async def test_spans_keep_the_raw_text_when_redaction_is_off(spans: Spans) -> None:
-    app = aqw.App("memory://raw-spans", tracer_provider=spans.tp, redact_errors=False)
+    app = aqw.App(
+        "memory://raw-spans", tracer_provider=spans.tp, redact_errors=False, trace_detail="stages"
+    )
 
     @app.task(name="charge", max_retries=0)
     async def charge(card_id: str) -> None:
@@ -254,7 +280,7 @@ async def test_spans_keep_the_raw_text_when_redaction_is_off(spans: Spans) -> No
 def test_an_error_escaping_the_handler_span_is_recorded_redacted(
     spans: Spans, redact: bool
 ) -> None:
-    tel = aqw.Telemetry("q", "memory", tracer_provider=spans.tp, redact=redact)
+    tel = aqw.Telemetry("q", "memory", tracer_provider=spans.tp, redact=redact, detail="stages")
     jt = tel.job(aqw.Job(task="t"))
     exc = validation_error()
     with pytest.raises(ValidationError), jt.handler():

@@ -1,5 +1,7 @@
 """Running-job states and worker heartbeats kept in the process, for brokers with no shared
-store for them (memory; SQS without a Redis lock store). Each broker owns one."""
+store for them: the ``Broker`` defaults use one per broker instance (SQS, with or without a
+lock store: other processes, ``aqw status`` among them, do not see them), and the memory
+broker shares one between the brokers of a queue in the same process."""
 
 from __future__ import annotations
 

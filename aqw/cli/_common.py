@@ -15,17 +15,12 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn, TypeVar
 
 from ..app import App
-from ._logs import configure_logging
-
-#: The log line of ``aqw`` commands.
-LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
-
+from ._logs import LOG_FORMATS, configure_logging
 
 T = TypeVar("T")
 
-#: The levels ``--log-level`` takes, and the formats of ``--log-format``.
+#: The levels ``--log-level`` takes (the formats of ``--log-format`` are ``LOG_FORMATS``).
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-LOG_FORMATS = ("text", "json")
 
 #: What ``package.module:attribute`` looks like: how a positional word is told to be the app.
 APP_SPEC = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Mapping
 from typing import Any, Protocol
 
 from .._ids import consumer_name
-from ..brokers.base import Broker, Delivery, QueueDepth
+from ..brokers.base import Broker, QueueDepth
 from ..cache import Cache
 from ..context import Context
 from ..errors import BrokerUnavailable, ConfigError
@@ -353,9 +353,6 @@ class Worker:
     def stuck_jobs(self) -> list[dict[str, Any]]:
         """Jobs running longer than twice their task's ``sla``."""
         return stuck_jobs(self)
-
-    async def _process(self, delivery: Delivery, waited: float) -> None:
-        await self.path.process(delivery, waited)
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         """Run a best-effort step in the background (publishing a job's state, dead-lettering
