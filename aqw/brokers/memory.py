@@ -35,7 +35,8 @@ class MemoryLeaseBackend:
         return entry[0]
 
     async def acquire(self, key: str, token: str, ttl_ms: int) -> int | None:
-        if self._current(key) is not None:
+        current = self._current(key)
+        if current is not None and current != token:  # held by this token: taken again
             return None
         self._held[key] = (token, time.monotonic() + ttl_ms / 1000)
         self._fence += 1

@@ -9,7 +9,6 @@ with the reason, and nothing escapes: an unexpected error ends in a retry or the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -201,9 +200,11 @@ class JobPath:
         """The handler's outcome under the job's lease; None when another holder has it."""
         jt = run.trace
         lease_started = now_ns() if self.tel.tracing else 0
-        if not await self.take_lease(lease, delivery, waited):
-            self.stats.lease_busy += 1
-            jt.lease_refused(lease_started)
+        taken = await self.take_lease(lease, delivery, waited)
+        if not taken:
+            if taken is False:  # None: handed back after a lost connection, not refused
+                self.stats.lease_busy += 1
+                jt.lease_refused(lease_started)
             return None
         async with lease:
             jt.lease_acquired(lease, lease_started)
@@ -248,10 +249,11 @@ class JobPath:
         self.tel.observe("aqw.job.duration", elapsed, job.task)
         return outcome
 
-    async def take_lease(self, lease: Lease, delivery: Delivery, waited: float) -> bool:
-        """Acquire the job's lease; False when another holder has the job. A lost connection
-        is retried with backoff (no attempt is spent) until the lease's TTL, then the
-        delivery is handed back for immediate redelivery."""
+    async def take_lease(self, lease: Lease, delivery: Delivery, waited: float) -> bool | None:
+        """Acquire the job's lease: True when taken, False when another holder has the job.
+        A lost connection is retried with backoff (no attempt is spent; a retried acquire by
+        the same token takes the key again) until the lease's TTL, then the delivery is
+        handed back for immediate redelivery: None."""
         loop = asyncio.get_running_loop()
         give_up = loop.time() + lease.ttl
         backoff = Backoff(0.05, 1.0)
@@ -262,15 +264,10 @@ class JobPath:
             except LeaseUnavailable:
                 return False
             except self.broker.transient_errors as exc:
-                # The SET may have reached the server before the connection broke: drop the
-                # key if it is ours, or the next try would find it held by ourselves.
-                with contextlib.suppress(Exception):
-                    async with asyncio.timeout(0.5):
-                        await lease.backend.release(lease.key, lease.token)
                 if loop.time() >= give_up or self.stopping.is_set():
                     log.warning("job lease %r: %r; handing the job back", lease.key, exc)
                     await self.settler.give_back(delivery)
-                    return False
+                    return None
                 await asyncio.sleep(backoff.next())
         if waited > self.min_ttl / 2 and not await self.broker.keep_alive(delivery):
             # It waited in the buffer long enough for another worker to take it over, and
