@@ -207,8 +207,9 @@ async def test_a_workers_heartbeat_keeps_the_raw_text_when_redaction_is_off(
 # -- spans -----------------------------------------------------------------------------------------
 
 
-async def test_the_one_span_of_a_failed_job_carries_no_payload_values(spans: Spans) -> None:
-    app = aqw.App("memory://redact-one-span", tracer_provider=spans.tp)  # the default detail
+async def run_failing_charge(app: aqw.App, spans: Spans, at_least: int) -> None:
+    """Run one job whose handler fails validating a card that holds ``SECRET``, until it is
+    dead-lettered and at least ``at_least`` spans have finished."""
 
     @app.task(name="charge", max_retries=0)
     async def charge(card_id: str) -> None:
@@ -217,7 +218,12 @@ async def test_the_one_span_of_a_failed_job_carries_no_payload_values(spans: Spa
     await charge.enqueue("c-1")
     async with app.worker(concurrency=1) as worker:
         await eventually(lambda: worker.stats.dead == 1, 10, "the job dead-lettered")
-    await eventually(lambda: len(spans.finished()) >= 2, 5, "the job's spans")
+    await eventually(lambda: len(spans.finished()) >= at_least, 5, "the job's spans")
+
+
+async def test_the_one_span_of_a_failed_job_carries_no_payload_values(spans: Spans) -> None:
+    app = aqw.App("memory://redact-one-span", tracer_provider=spans.tp)  # the default detail
+    await run_failing_charge(app, spans, at_least=2)
     process = spans.named("process redact-one-span")
     assert process.status.status_code is StatusCode.ERROR
     exceptions = [e for e in process.events if e.name == "exception"]
@@ -233,15 +239,7 @@ async def test_spans_of_a_failed_job_carry_no_payload_values(spans: Spans) -> No
     app = aqw.App(
         "memory://redact-spans", tracer_provider=spans.tp, trace_detail="stages"
     )  # a child span per stage: the handler's is checked too
-
-    @app.task(name="charge", max_retries=0)
-    async def charge(card_id: str) -> None:
-        Card.model_validate({"number": SECRET, "holder": card_id})
-
-    await charge.enqueue("c-1")
-    async with app.worker(concurrency=1) as worker:
-        await eventually(lambda: worker.stats.dead == 1, 10, "the job dead-lettered")
-    await eventually(lambda: len(spans.finished()) >= 5, 5, "the job's spans")
+    await run_failing_charge(app, spans, at_least=5)
     handler = spans.named("aqw.handler")
     assert handler.status.status_code is StatusCode.ERROR
     (event,) = handler.events
@@ -260,15 +258,7 @@ async def test_spans_keep_the_raw_text_when_redaction_is_off(spans: Spans) -> No
     app = aqw.App(
         "memory://raw-spans", tracer_provider=spans.tp, redact_errors=False, trace_detail="stages"
     )
-
-    @app.task(name="charge", max_retries=0)
-    async def charge(card_id: str) -> None:
-        Card.model_validate({"number": SECRET, "holder": card_id})
-
-    await charge.enqueue("c-1")
-    async with app.worker(concurrency=1) as worker:
-        await eventually(lambda: worker.stats.dead == 1, 10, "the job dead-lettered")
-    await eventually(lambda: len(spans.finished()) >= 5, 5, "the job's spans")
+    await run_failing_charge(app, spans, at_least=5)
     process = spans.named("process raw-spans")
     assert SECRET in str(process.status.description)
     (event,) = process.events
