@@ -17,6 +17,8 @@ from .cache import Cache
 from .dlq import DeadLetters
 from .errors import ConfigError, PayloadTooLarge, UnknownTask
 from .job import Job
+from .jobs import CancelOutcome, Jobs
+from .record import DEFAULT_KEEP_FOR, JobInfo
 from .retry import RetryPolicy
 from .task import Enqueued, Handler, Invalidates, Task, TaskOptions
 from .telemetry import TRACE_DETAILS, Telemetry
@@ -63,6 +65,8 @@ class App:
             worker heartbeats (``aqw status``) and span events and statuses show a
             ``ValidationError`` as locations and messages only, without the input values,
             and every message as one capped line. False keeps the raw ``str(error)``.
+        keep_for: seconds a finished job's record (``app.job``) and its result live,
+            default one day; a task's own ``keep_for`` overrides it.
     """
 
     def __init__(
@@ -82,8 +86,10 @@ class App:
         cache: Cache | None = None,
         max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD_BYTES,
         redact_errors: bool = True,
+        keep_for: float = DEFAULT_KEEP_FOR,
     ) -> None:
         validate_queue_name(queue)
+        _check_seconds(keep_for, "App keep_for")
         _check_payload_cap(max_payload_bytes, "App max_payload_bytes")
         if not isinstance(redact_errors, bool):
             raise ConfigError(f"App redact_errors must be True or False, got {redact_errors!r}")
@@ -107,6 +113,7 @@ class App:
         self.cache = cache
         self.max_payload_bytes = max_payload_bytes
         self.redact_errors = redact_errors
+        self.keep_for = keep_for
         self._tracer_provider = tracer_provider
         self._meter_provider = meter_provider
         self._trace_link = trace_link
@@ -170,6 +177,10 @@ class App:
         sla: float | None = None,
         invalidates: Invalidates | None = None,
         max_payload_bytes: int | None = None,
+        keep_result: bool = False,
+        keep_for: float | None = None,
+        max_result_bytes: int | None = 1_048_576,
+        dead_letter: bool = True,
     ) -> Callable[[Handler[R]], Task[R]]: ...
 
     def task(
@@ -185,6 +196,10 @@ class App:
         sla: float | None = None,
         invalidates: Invalidates | None = None,
         max_payload_bytes: int | None = None,
+        keep_result: bool = False,
+        keep_for: float | None = None,
+        max_result_bytes: int | None = 1_048_576,
+        dead_letter: bool = True,
     ) -> Task[R] | Callable[[Handler[R]], Task[R]]:
         """Register an ``async def`` handler: ``@app.task`` or ``@app.task(max_retries=5)``.
 
@@ -201,6 +216,15 @@ class App:
                 function of the payload returning keys.
             max_payload_bytes: the most bytes a job of this task may take encoded
                 (default: the app's ``max_payload_bytes``).
+            keep_result: keep the handler's return value as JSON in the job's record, for
+                ``app.result`` (validated against the return annotation when it is a
+                pydantic model).
+            keep_for: seconds a finished job's record and result live (default: the
+                app's ``keep_for``).
+            max_result_bytes: the most bytes a kept result may take as JSON (default
+                1 MiB; None: no cap); a bigger one is not kept and the record says why.
+            dead_letter: move a job that fails for good to the dead-letter queue (the
+                default); False: it ends ``failed``, in its record only.
         """
 
         def register(handler: Handler[R]) -> Task[R]:
@@ -219,13 +243,29 @@ class App:
             if sla is not None and sla <= 0:
                 raise ConfigError(f"task {task_name!r}: sla must be > 0, got {sla!r}")
             _check_payload_cap(max_payload_bytes, f"task {task_name!r}: max_payload_bytes")
+            _check_payload_cap(max_result_bytes, f"task {task_name!r}: max_result_bytes")
+            if keep_for is not None:
+                _check_seconds(keep_for, f"task {task_name!r}: keep_for")
+            for flag, value in (("keep_result", keep_result), ("dead_letter", dead_letter)):
+                if not isinstance(value, bool):
+                    raise ConfigError(f"task {task_name!r}: {flag} must be True or False")
             cap = max_payload_bytes if max_payload_bytes is not None else self.max_payload_bytes
             if invalidates is not None and self.cache is None:
                 raise ConfigError(
                     f"task {task_name!r}: invalidates= needs a cache: App(..., cache=aqw.Cache(r))"
                 )
             options = TaskOptions(
-                policy, ttl, limit, sla, self.max_deliveries, invalidates, max_payload_bytes=cap
+                policy,
+                ttl,
+                limit,
+                sla,
+                self.max_deliveries,
+                invalidates,
+                max_payload_bytes=cap,
+                keep_result=keep_result,
+                keep_for=keep_for if keep_for is not None else self.keep_for,
+                max_result_bytes=max_result_bytes,
+                dead_letter=dead_letter,
             )
             task = Task(self, handler, task_name, options)
             self.tasks[task_name] = task
@@ -260,8 +300,11 @@ class App:
         delay: float | None = None,
         at: datetime | None = None,
         headers: dict[str, str] | None = None,
+        expires: float | datetime | None = None,
     ) -> list[Enqueued]:
-        """Validate and enqueue jobs of ``task`` (a Task or a task name), one per payload."""
+        """Validate and enqueue jobs of ``task`` (a Task or a task name), one per payload.
+        ``expires``: seconds from now, or a time, after which a job must not start (it
+        then ends ``expired`` without running)."""
         target = self.get_task(task) if isinstance(task, str) else task
         if delay is not None and at is not None:
             raise ConfigError("enqueue: pass either delay= or at=, not both")
@@ -270,9 +313,16 @@ class App:
         if key is not None and (not key or len(key) > 1000):
             raise ConfigError("enqueue: key must be a non-empty string of at most 1000 chars")
         run_at = _run_at(delay, at)
+        expires_at = _expires_at(expires)
         bodies = [target.validate(p) for p in payloads]  # raises before anything is written
         jobs = [
-            Job(task=target.name, payload=body, key=key, headers=dict(headers or {}))
+            Job(
+                task=target.name,
+                payload=body,
+                key=key,
+                headers=dict(headers or {}),
+                expires_at=expires_at,
+            )
             for body in bodies
         ]
         with self.telemetry.publish(jobs):  # measured here: with the trace headers it adds
@@ -331,11 +381,34 @@ class App:
         """The dead-letter queue: list, show, replay and purge dead jobs."""
         return DeadLetters(self)
 
-    async def job_status(self, job_id: str) -> dict[str, str] | None:
-        """The state of a running job (worker, started_at, lease_expires_at, progress,
-        message), or None when it is not running. The state expires on its own when the
-        worker running the job dies."""
-        return await self.broker.job_state(job_id)
+    @property
+    def jobs(self) -> Jobs:
+        """The queue's jobs by id: records, results, cancellation."""
+        return Jobs(self)
+
+    async def job(self, job_id: str) -> JobInfo | None:
+        """The job's whole record (``aqw.JobInfo``: state, attempts, times, worker,
+        progress, result, last error, DLQ entry), or None when there is none: a made-up
+        id, or a record past its ``keep_for``."""
+        return await Jobs(self).get(job_id)
+
+    async def job_status(self, job_id: str) -> JobInfo | None:
+        """The same as ``job``."""
+        return await Jobs(self).get(job_id)
+
+    async def result(self, job_id: str, *, timeout: float | None = None) -> Any:
+        """The job's result once it has ended, waiting up to ``timeout`` seconds (None: no
+        limit) without polling: the handler's return value when its task keeps results
+        (``keep_result=True``), else None. Raises ``aqw.JobFailed``, ``aqw.JobCancelled``,
+        ``aqw.JobExpired``, ``aqw.ResultNotKept``, ``aqw.UnknownJob`` or ``TimeoutError``."""
+        return await Jobs(self).result(job_id, timeout)
+
+    async def cancel(self, job_id: str) -> CancelOutcome:
+        """Cancel a job: ``"cancelled"`` (it had not started; it never runs),
+        ``"cancelling"`` (running: its handler is stopped within one lease renewal
+        interval and the job ends ``cancelled``), ``"finished"`` (it had ended; a no-op)
+        or ``"unknown"`` (no record of it)."""
+        return await Jobs(self).cancel(job_id)
 
     async def close(self) -> None:
         """Close the broker's connections."""
@@ -345,6 +418,21 @@ class App:
 def _check_payload_cap(value: object, what: str) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise ConfigError(f"{what} must be a positive integer (bytes) or None, got {value!r}")
+
+
+def _check_seconds(value: object, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e9:
+        raise ConfigError(f"{what} must be a number of seconds > 0, got {value!r}")
+
+
+def _expires_at(expires: float | datetime | None) -> float | None:
+    if expires is None:
+        return None
+    if isinstance(expires, datetime):
+        return (expires if expires.tzinfo else expires.replace(tzinfo=UTC)).timestamp()
+    if isinstance(expires, bool) or not isinstance(expires, int | float) or not 0 < expires < 1e9:
+        raise ConfigError(f"enqueue: expires must be seconds > 0 or a datetime, got {expires!r}")
+    return time.time() + expires
 
 
 def _check_sizes(task: str, limit: int | None, jobs: Sequence[Job]) -> None:

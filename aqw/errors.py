@@ -126,3 +126,56 @@ class HandlerStopped(BaseException):
     redis-py uses for every send) turns a cancellation that lands as its result is ready into
     that result, and the handler would run on. Like a cancellation, it is a ``BaseException``
     (``except Exception`` does not catch it); clean up in ``finally`` or ``async with``."""
+
+
+class UnknownJob(AqwError, LookupError):
+    """No record of the job: the id was never enqueued here, or its record expired
+    (``keep_for`` after it ended)."""
+
+    def __init__(self, job_id: str, queue: str = "") -> None:
+        where = f" on queue {queue!r}" if queue else ""
+        super().__init__(f"no record of job {job_id!r}{where} (never enqueued, or expired)")
+        self.job_id = job_id
+
+
+class JobFailed(AqwError):
+    """``app.result`` of a job that ended in failure: dead-lettered, or failed for good.
+    ``info`` is its whole record (``aqw.JobInfo``), ``error`` its last error."""
+
+    def __init__(self, job_id: str, state: str, error: str, info: object = None) -> None:
+        super().__init__(f"job {job_id!r} ended {state}: {error}")
+        self.job_id = job_id
+        self.state = state
+        self.error = error
+        self.info = info
+
+
+class JobCancelled(AqwError):
+    """The job was cancelled (``app.cancel``): it never ran, or its handler was stopped.
+
+    Raised by ``app.result``; inside the worker it tells the job path that a cancelled job's
+    delivery is to be acknowledged without running."""
+
+    def __init__(self, job_id: str, info: object = None) -> None:
+        super().__init__(f"job {job_id!r} was cancelled")
+        self.job_id = job_id
+        self.info = info
+
+
+class JobExpired(AqwError):
+    """The job was not started before its ``expires`` time and never ran."""
+
+    def __init__(self, job_id: str, info: object = None) -> None:
+        super().__init__(f"job {job_id!r} expired before it started")
+        self.job_id = job_id
+        self.info = info
+
+
+class ResultNotKept(AqwError):
+    """The job succeeded but its result could not be kept (too big, or not JSON): the
+    message says why. Its work is done; it is not run again."""
+
+    def __init__(self, job_id: str, note: str) -> None:
+        super().__init__(f"job {job_id!r} succeeded but its result was not kept: {note}")
+        self.job_id = job_id
+        self.note = note

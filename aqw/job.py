@@ -33,6 +33,8 @@ class Job(BaseModel):
     enqueued_at: float = Field(default_factory=now, allow_inf_nan=False)
     headers: dict[str, str] = Field(default_factory=dict)
     key: str | None = Field(default=None, max_length=1000)
+    #: Seconds since the epoch after which the job must not start (``enqueue(expires=...)``).
+    expires_at: float | None = Field(default=None, allow_inf_nan=False)
 
     def encode(self) -> bytes:
         """The wire form: compact UTF-8 JSON."""
@@ -50,6 +52,10 @@ class Job(BaseModel):
             return cls.model_validate_json(data)
         except ValidationError as exc:
             raise MalformedJob(_describe(exc)) from None
+
+    def expired(self, at: float | None = None) -> bool:
+        """True when the job has an expiry time and ``at`` (default: now) is past it."""
+        return self.expires_at is not None and (now() if at is None else at) > self.expires_at
 
     def next_attempt(self) -> Job:
         """A copy for the next run (attempt + 1)."""

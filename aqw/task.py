@@ -13,6 +13,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError, create_model
 
 from .context import Context
 from .errors import ConfigError
+from .record import DEFAULT_KEEP_FOR
 from .retry import RetryPolicy
 
 R = TypeVar("R")
@@ -31,6 +32,7 @@ class TaskApp(Protocol):
         delay: float | None = None,
         at: datetime | None = None,
         headers: dict[str, str] | None = None,
+        expires: float | datetime | None = None,
     ) -> list[Enqueued]: ...
 
 
@@ -64,6 +66,15 @@ class TaskOptions:
     #: Most bytes of an encoded job (``Job.encode()``), checked at enqueue and on receipt;
     #: None: no cap. Resolved at registration (the app's unless the task sets its own).
     max_payload_bytes: int | None = None
+    #: Keep the handler's return value in the job's record (``app.result``).
+    keep_result: bool = False
+    #: Seconds a finished job's record (and its result) lives.
+    keep_for: float = DEFAULT_KEEP_FOR
+    #: Most bytes of a kept result as JSON; a bigger one is not kept (the record says why).
+    max_result_bytes: int | None = 1_048_576
+    #: Dead-letter a job that fails for good (False: it ends ``failed``, kept in its record
+    #: only).
+    dead_letter: bool = True
 
     def keys_to_invalidate(self, payload: Any) -> list[str]:
         """The cache keys a completed job with ``payload`` invalidates."""
@@ -159,6 +170,45 @@ class PayloadCodec:
         return (), kwargs
 
 
+class ResultCodec:
+    """Serialises a handler's return value as JSON, checked against the handler's return
+    annotation when that is a pydantic model, and reads it back."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        hint = typing.get_type_hints(fn).get("return", Any)
+        self.model: type[BaseModel] | None = (
+            hint if isinstance(hint, type) and issubclass(hint, BaseModel) else None
+        )
+
+    def dump(self, value: Any, limit: int | None) -> tuple[str | None, str]:
+        """(the value as JSON text, '') or (None, why it cannot be kept)."""
+        try:
+            if self.model is not None:
+                model = value if isinstance(value, self.model) else self.model.model_validate(value)
+                text = model.model_dump_json()
+            else:
+                text = _ANY.dump_json(value).decode()
+        except Exception as exc:
+            what = "does not match its return annotation" if self.model else "is not JSON"
+            detail = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+            return None, f"the result {what}: {type(exc).__name__}: {detail}"
+        size = len(text.encode())
+        if limit is not None and size > limit:
+            return None, f"the result is {size} bytes as JSON, over max_result_bytes of {limit}"
+        return text, ""
+
+    def load(self, data: Any) -> Any:
+        """The kept value (JSON data) as the handler returned it: a model instance when the
+        return annotation is a pydantic model."""
+        if self.model is not None and data is not None:
+            return self.model.model_validate(data)
+        return data
+
+
+#: Strict JSON: a value pydantic cannot serialise (an arbitrary object) is refused.
+_ANY: TypeAdapter[Any] = TypeAdapter(Any)
+
+
 class Task(Generic[R]):
     """A registered handler. Call ``enqueue`` to run it on a worker."""
 
@@ -170,6 +220,7 @@ class Task(Generic[R]):
         self.name = name
         self.options = options
         self.codec = PayloadCodec(fn, Context)
+        self.results = ResultCodec(fn)
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
@@ -192,6 +243,7 @@ class Task(Generic[R]):
         delay: float | None = None,
         at: datetime | None = None,
         headers: dict[str, str] | None = None,
+        expires: float | datetime | None = None,
     ) -> Enqueued:
         """Enqueue one job and return its id.
 
@@ -203,9 +255,13 @@ class Task(Generic[R]):
             delay: run no sooner than this many seconds from now.
             at: run no sooner than this time (timezone-aware, or naive UTC).
             headers: extra string metadata carried with the job.
+            expires: seconds from now, or a time, after which the job must not start: it
+                then ends ``expired`` without running.
         """
         return (
-            await self.app.enqueue(self, [payload], key=key, delay=delay, at=at, headers=headers)
+            await self.app.enqueue(
+                self, [payload], key=key, delay=delay, at=at, headers=headers, expires=expires
+            )
         )[0]
 
     async def enqueue_many(
@@ -214,9 +270,10 @@ class Task(Generic[R]):
         *,
         delay: float | None = None,
         at: datetime | None = None,
+        expires: float | datetime | None = None,
     ) -> list[Enqueued]:
         """Enqueue many jobs in one round trip; every payload is validated first."""
-        return await self.app.enqueue(self, list(payloads), delay=delay, at=at)
+        return await self.app.enqueue(self, list(payloads), delay=delay, at=at, expires=expires)
 
 
 def is_validation_error(exc: BaseException) -> bool:

@@ -5,11 +5,21 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
-from .base import Broker, DeadJob, Delivery, Failure, QueueDepth
+from ._local_records import CancelOutcome
+from .base import Broker, DeadJob, Delivery, Failure, Finish, QueueDepth
 from .memory import MemoryBroker
 from .redis import RedisBroker, split_queue
 
-__all__ = ["Broker", "DeadJob", "Delivery", "Failure", "QueueDepth", "from_url"]
+__all__ = [
+    "Broker",
+    "CancelOutcome",
+    "DeadJob",
+    "Delivery",
+    "Failure",
+    "Finish",
+    "QueueDepth",
+    "from_url",
+]
 
 
 def from_url(url: str, queue: str = "default") -> Broker:

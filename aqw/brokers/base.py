@@ -15,6 +15,8 @@ from typing import Any
 from ..errors import ConfigError
 from ..job import Job
 from ..lease import Lease, LeaseBackend
+from ..record import DEFAULT_KEEP_FOR, JobInfo
+from ._local_records import CancelOutcome, LocalRecords, LocalStartGuard
 from ._local_status import LocalStatus
 
 
@@ -59,6 +61,43 @@ class Failure:
     worker: str = ""
     first_failed_at: float = 0.0
     failed_at: float = 0.0
+    #: The error's fingerprint (``aqw status`` groups by it), recorded on the job's record.
+    fingerprint: str = ""
+
+
+@dataclass(slots=True, frozen=True)
+class Finish:
+    """How an ack leaves the job's record: its final state, how long the record lives, and
+    the result (JSON text) or why none was kept, or the last error of a failed job."""
+
+    state: str = "succeeded"  # "succeeded" | "failed" | "cancelled" | "expired"
+    keep_for: float = DEFAULT_KEEP_FOR
+    result: str | None = None
+    note: str = ""
+    failure: Failure | None = None
+
+    def fields(self, worker: str, finished_at: float) -> dict[str, str]:
+        """The record fields this finish writes (besides ``state``)."""
+        out = {"finished_at": repr(finished_at)}
+        if worker:
+            out["worker"] = worker
+        if self.result is not None:
+            out["result"] = self.result
+        if self.note:
+            out["result_note"] = self.note
+        if self.failure is not None:
+            out.update(failure_fields(self.failure))
+        return out
+
+
+def failure_fields(failure: Failure) -> dict[str, str]:
+    """The record fields of a job's last error."""
+    return {
+        "error_type": failure.error_type,
+        "error": failure.error,
+        "fingerprint": failure.fingerprint,
+        "traceback": failure.traceback,
+    }
 
 
 @dataclass(slots=True, frozen=True)
@@ -120,6 +159,9 @@ class Broker(abc.ABC):
         self.consumer = ""
         #: Job states and heartbeats, for brokers with no shared store for them.
         self.local_status = LocalStatus()
+        #: Job records, for brokers with no shared store for them (SQS): only this
+        #: process's jobs, and only while it lives.
+        self.local_records = LocalRecords(queue)
 
     def describe(self) -> str:
         """Where this broker is, for a log line: the system and the queue, never a secret
@@ -213,15 +255,29 @@ class Broker(abc.ABC):
 
     @abc.abstractmethod
     async def ack(
-        self, delivery: Delivery, job: Job | None, lease: Lease | None, record_ttl: float = 0.0
+        self,
+        delivery: Delivery,
+        job: Job | None,
+        lease: Lease | None,
+        record_ttl: float = 0.0,
+        finish: Finish | None = None,
     ) -> bool:
-        """The job finished: remove it for good, and when it has an idempotency key and
+        """The job ended: remove it for good, and when it has an idempotency key and
         ``record_ttl`` > 0, write its completion record for that many seconds, in the same
-        step. False when another holder owns it now."""
+        step; its job record takes ``finish``'s state (default: succeeded) and wakes the
+        callers waiting for its result. False when another holder owns it now."""
 
     @abc.abstractmethod
-    async def retry(self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None) -> bool:
-        """Replace the delivery with ``job`` (its next attempt) due at ``run_at``."""
+    async def retry(
+        self,
+        delivery: Delivery,
+        job: Job,
+        run_at: float,
+        lease: Lease | None,
+        failure: Failure | None = None,
+    ) -> bool:
+        """Replace the delivery with ``job`` (its next attempt) due at ``run_at``; the job's
+        record reads ``retrying`` with ``failure`` as its last error."""
 
     @abc.abstractmethod
     async def dead_letter(
@@ -231,18 +287,56 @@ class Broker(abc.ABC):
         failure: Failure,
         attempts: int,
         lease: Lease | None,
+        keep_for: float = DEFAULT_KEEP_FOR,
     ) -> str | None:
         """Move the delivery to the dead-letter queue with ``failure`` recorded (``job`` is
         None when the message could not be decoded). The new DLQ entry's id (what
-        ``dlq_get`` and ``aqw dlq show`` take), or None when another holder owns it now."""
+        ``dlq_get`` and ``aqw dlq show`` take), or None when another holder owns it now.
+        The job's record reads ``dead`` (for ``keep_for`` seconds) and names the entry."""
 
     @abc.abstractmethod
-    async def requeue(self, delivery: Delivery, lease: Lease | None) -> bool:
-        """Give an unfinished delivery back for immediate redelivery (same attempt)."""
+    async def requeue(
+        self, delivery: Delivery, lease: Lease | None, job: Job | None = None
+    ) -> bool:
+        """Give an unfinished delivery back for immediate redelivery (same attempt); the
+        record of ``job``, when given and running, reads ``queued`` again."""
 
     async def is_completed(self, job: Job) -> bool:
         """True when ``job``'s idempotency key has a completion record (it finished before)."""
         return False
+
+    # -- job records (``aqw/record.py``) -----------------------------------------------------
+    #
+    # These defaults keep records in the process (``local_records``); brokers with a shared
+    # store write them in the same atomic steps that move the job (publish, the lease taken
+    # by ``job_lease_backend``, ack, retry, dead_letter, requeue) and override all of these.
+
+    def job_lease_backend(self, job: Job) -> LeaseBackend:
+        """The backend of ``job``'s own lease. Its ``acquire`` also marks the job running,
+        in the same step, and raises ``aqw.JobCancelled`` (taking nothing) when the job
+        was cancelled before it started."""
+        return LocalStartGuard(self.lease_backend(), self.local_records, job, self.consumer)
+
+    async def record(self, job_id: str) -> JobInfo | None:
+        """The job's record, or None when there is none (unknown id, or expired)."""
+        return self.local_records.info(job_id)
+
+    async def cancel(self, job_id: str, keep_for: float = DEFAULT_KEEP_FOR) -> CancelOutcome:
+        """Cancel a job: ``"cancelled"`` when it had not started (it never will),
+        ``"cancelling"`` when it is running (its handler is stopped at its next lease
+        renewal), ``"finished"`` when it had already ended (nothing changes), ``"unknown"``
+        when there is no record of it."""
+        return self.local_records.cancel(job_id, keep_for)
+
+    async def cancel_requested(self, job_id: str) -> bool:
+        """True when ``app.cancel`` asked for the running job ``job_id`` to stop."""
+        return self.local_records.cancel_requested(job_id)
+
+    async def wait_finished(self, job_id: str, timeout: float | None) -> JobInfo:
+        """The job's record once it has ended, waiting up to ``timeout`` seconds (None: no
+        limit) without polling. Raises ``aqw.UnknownJob`` when there is no record of it and
+        ``TimeoutError`` when it has not ended in time."""
+        return await self.local_records.wait(job_id, timeout)
 
     # -- running-job state (expires on its own when the worker dies) ------------------------
 

@@ -53,6 +53,8 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "aqw.jobs.failed": ("counter", "{job}", "Handler runs that raised or timed out"),
     "aqw.jobs.retried": ("counter", "{job}", "Failed runs scheduled to run again"),
     "aqw.jobs.dead_lettered": ("counter", "{job}", "Jobs moved to the dead-letter queue"),
+    "aqw.jobs.cancelled": ("counter", "{job}", "Jobs cancelled before or while running"),
+    "aqw.jobs.expired": ("counter", "{job}", "Jobs not started before their expiry time"),
     "aqw.jobs.duplicates_skipped": ("counter", "{job}", "Redelivered finished jobs skipped"),
     "aqw.jobs.stuck": ("counter", "{job}", "Jobs seen running past 2x their SLA"),
     "aqw.lease.renewals": ("counter", "{renewal}", "Successful lease renewals"),
