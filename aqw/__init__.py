@@ -17,20 +17,27 @@ from .errors import (
     BrokerUnavailable,
     ConfigError,
     HandlerStopped,
+    JobCancelled,
+    JobExpired,
+    JobFailed,
     JobTimeout,
     LeaseLost,
     LeaseUnavailable,
     MalformedJob,
     PayloadTooLarge,
     Reject,
+    ResultNotKept,
     Retry,
     TooManyDeliveries,
+    UnknownJob,
     UnknownTask,
 )
 from .idempotency import SqlCompletionStore
 from .job import Job
+from .jobs import Jobs
 from .lease import Lease, LeaseBackend, LeaseKeeper
 from .monitor import Alert, CallbackSink, LogSink, Monitor, Sink, WebhookSink
+from .record import JobError, JobInfo
 from .redlock import RedlockBackend
 from .retry import RetryPolicy
 from .task import Enqueued, Task
@@ -53,7 +60,13 @@ __all__ = [
     "Enqueued",
     "HandlerStopped",
     "Job",
+    "JobCancelled",
+    "JobError",
+    "JobExpired",
+    "JobFailed",
+    "JobInfo",
     "JobTimeout",
+    "Jobs",
     "Lease",
     "LeaseBackend",
     "LeaseKeeper",
@@ -67,6 +80,7 @@ __all__ = [
     "RedisLeaseBackend",
     "RedlockBackend",
     "Reject",
+    "ResultNotKept",
     "Retry",
     "RetryPolicy",
     "Sink",
@@ -74,6 +88,7 @@ __all__ = [
     "Task",
     "Telemetry",
     "TooManyDeliveries",
+    "UnknownJob",
     "UnknownTask",
     "WebhookSink",
     "Worker",

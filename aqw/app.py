@@ -4,18 +4,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Literal, TypeVar, overload
 
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
+from ._arguments import (
+    check_payload_cap,
+    check_seconds,
+    check_sizes,
+    check_task_options,
+    enqueue_times,
+)
 from ._redis.keys import validate_queue_name
 from .brokers import Broker, from_url
 from .cache import Cache
 from .dlq import DeadLetters
-from .errors import ConfigError, PayloadTooLarge, UnknownTask
+from .errors import ConfigError, UnknownTask
 from .job import Job
 from .jobs import CancelOutcome, Jobs
 from .record import DEFAULT_KEEP_FOR, JobInfo
@@ -89,8 +96,8 @@ class App:
         keep_for: float = DEFAULT_KEEP_FOR,
     ) -> None:
         validate_queue_name(queue)
-        _check_seconds(keep_for, "App keep_for")
-        _check_payload_cap(max_payload_bytes, "App max_payload_bytes")
+        check_seconds(keep_for, "App keep_for")
+        check_payload_cap(max_payload_bytes, "App max_payload_bytes")
         if not isinstance(redact_errors, bool):
             raise ConfigError(f"App redact_errors must be True or False, got {redact_errors!r}")
         if lease_ttl <= 0:
@@ -236,19 +243,16 @@ class App:
                 policy = policy.with_max_retries(max_retries)
             ttl = lease_ttl if lease_ttl is not None else self.lease_ttl
             limit = timeout if timeout is not None else self.timeout
-            if ttl <= 0:
-                raise ConfigError(f"task {task_name!r}: lease_ttl must be > 0, got {ttl!r}")
-            if limit is not None and limit <= 0:
-                raise ConfigError(f"task {task_name!r}: timeout must be > 0, got {limit!r}")
-            if sla is not None and sla <= 0:
-                raise ConfigError(f"task {task_name!r}: sla must be > 0, got {sla!r}")
-            _check_payload_cap(max_payload_bytes, f"task {task_name!r}: max_payload_bytes")
-            _check_payload_cap(max_result_bytes, f"task {task_name!r}: max_result_bytes")
-            if keep_for is not None:
-                _check_seconds(keep_for, f"task {task_name!r}: keep_for")
-            for flag, value in (("keep_result", keep_result), ("dead_letter", dead_letter)):
-                if not isinstance(value, bool):
-                    raise ConfigError(f"task {task_name!r}: {flag} must be True or False")
+            check_task_options(
+                task_name,
+                lease_ttl=ttl,
+                timeout=limit,
+                sla=sla,
+                max_payload_bytes=max_payload_bytes,
+                max_result_bytes=max_result_bytes,
+                keep_for=keep_for,
+                flags={"keep_result": keep_result, "dead_letter": dead_letter},
+            )
             cap = max_payload_bytes if max_payload_bytes is not None else self.max_payload_bytes
             if invalidates is not None and self.cache is None:
                 raise ConfigError(
@@ -306,27 +310,15 @@ class App:
         ``expires``: seconds from now, or a time, after which a job must not start (it
         then ends ``expired`` without running)."""
         target = self.get_task(task) if isinstance(task, str) else task
-        if delay is not None and at is not None:
-            raise ConfigError("enqueue: pass either delay= or at=, not both")
-        if delay is not None and delay < 0:
-            raise ConfigError(f"enqueue: delay must be >= 0 seconds, got {delay!r}")
-        if key is not None and (not key or len(key) > 1000):
-            raise ConfigError("enqueue: key must be a non-empty string of at most 1000 chars")
-        run_at = _run_at(delay, at)
-        expires_at = _expires_at(expires)
+        run_at, expires_at = enqueue_times(key, delay, at, expires)
         bodies = [target.validate(p) for p in payloads]  # raises before anything is written
+        heads = dict(headers or {})
         jobs = [
-            Job(
-                task=target.name,
-                payload=body,
-                key=key,
-                headers=dict(headers or {}),
-                expires_at=expires_at,
-            )
-            for body in bodies
+            Job(task=target.name, payload=b, key=key, headers=heads, expires_at=expires_at)
+            for b in bodies
         ]
         with self.telemetry.publish(jobs):  # measured here: with the trace headers it adds
-            _check_sizes(target.name, target.options.max_payload_bytes, jobs)
+            check_sizes(target.name, target.options.max_payload_bytes, jobs)
             if key is not None:
                 if len(jobs) != 1:
                     raise ConfigError("enqueue: an idempotency key names exactly one job")
@@ -387,70 +379,22 @@ class App:
         return Jobs(self)
 
     async def job(self, job_id: str) -> JobInfo | None:
-        """The job's whole record (``aqw.JobInfo``: state, attempts, times, worker,
-        progress, result, last error, DLQ entry), or None when there is none: a made-up
-        id, or a record past its ``keep_for``."""
+        """The job's whole record (``aqw.JobInfo``), or None: a made-up id, or a record
+        past its ``keep_for``."""
         return await Jobs(self).get(job_id)
 
-    async def job_status(self, job_id: str) -> JobInfo | None:
-        """The same as ``job``."""
-        return await Jobs(self).get(job_id)
+    job_status = job
 
     async def result(self, job_id: str, *, timeout: float | None = None) -> Any:
-        """The job's result once it has ended, waiting up to ``timeout`` seconds (None: no
-        limit) without polling: the handler's return value when its task keeps results
-        (``keep_result=True``), else None. Raises ``aqw.JobFailed``, ``aqw.JobCancelled``,
-        ``aqw.JobExpired``, ``aqw.ResultNotKept``, ``aqw.UnknownJob`` or ``TimeoutError``."""
+        """The job's result once it has ended, waiting without polling: see
+        ``aqw.jobs.Jobs.result`` for the errors it raises."""
         return await Jobs(self).result(job_id, timeout)
 
     async def cancel(self, job_id: str) -> CancelOutcome:
-        """Cancel a job: ``"cancelled"`` (it had not started; it never runs),
-        ``"cancelling"`` (running: its handler is stopped within one lease renewal
-        interval and the job ends ``cancelled``), ``"finished"`` (it had ended; a no-op)
-        or ``"unknown"`` (no record of it)."""
+        """Cancel a job: ``"cancelled"``, ``"cancelling"``, ``"finished"`` (a no-op) or
+        ``"unknown"``; see ``aqw.jobs.Jobs.cancel``."""
         return await Jobs(self).cancel(job_id)
 
     async def close(self) -> None:
         """Close the broker's connections."""
         await self.broker.close()
-
-
-def _check_payload_cap(value: object, what: str) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ConfigError(f"{what} must be a positive integer (bytes) or None, got {value!r}")
-
-
-def _check_seconds(value: object, what: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e9:
-        raise ConfigError(f"{what} must be a number of seconds > 0, got {value!r}")
-
-
-def _expires_at(expires: float | datetime | None) -> float | None:
-    if expires is None:
-        return None
-    if isinstance(expires, datetime):
-        return (expires if expires.tzinfo else expires.replace(tzinfo=UTC)).timestamp()
-    if isinstance(expires, bool) or not isinstance(expires, int | float) or not 0 < expires < 1e9:
-        raise ConfigError(f"enqueue: expires must be seconds > 0 or a datetime, got {expires!r}")
-    return time.time() + expires
-
-
-def _check_sizes(task: str, limit: int | None, jobs: Sequence[Job]) -> None:
-    """Refuse the whole batch when one encoded job is over ``limit`` (nothing is written)."""
-    if limit is None:
-        return
-    for i, job in enumerate(jobs):
-        size = len(job.encode())
-        if size > limit:
-            where = f" (payload {i + 1} of {len(jobs)})" if len(jobs) > 1 else ""
-            raise PayloadTooLarge(task, size, limit, where=where)
-
-
-def _run_at(delay: float | None, at: datetime | None) -> float | None:
-    if delay:
-        return time.time() + delay
-    if at is not None:
-        if at.tzinfo is None:
-            at = at.replace(tzinfo=UTC)
-        return at.timestamp()
-    return None

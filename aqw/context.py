@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
@@ -64,7 +64,7 @@ class Context:
             ``job_id``, ``task`` and ``attempt`` as ``extra`` fields.
     """
 
-    __slots__ = ("_log", "job", "lease", "state", "worker")
+    __slots__ = ("_cancelled", "_log", "_on_cancel", "job", "lease", "state", "worker")
 
     def __init__(self, job: Job, lease: Lease | None, worker: ContextHost) -> None:
         self.job = job
@@ -72,6 +72,30 @@ class Context:
         self.worker = worker
         self.state: dict[str, Any] = {}
         self._log: JobLog | None = None
+        self._cancelled = False
+        self._on_cancel: Callable[[], None] | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        """True once ``app.cancel`` asked for this job to stop (seen at a lease renewal).
+        The handler is then cancelled as well; a long computation between awaits may check
+        this to stop sooner."""
+        return self._cancelled
+
+    def mark_cancelled(self) -> None:
+        """Record that the job was cancelled and stop the handler (called by the worker when
+        a lease renewal reports the cancellation)."""
+        if not self._cancelled:
+            self._cancelled = True
+            if self._on_cancel is not None:
+                self._on_cancel()
+
+    def on_cancel(self, callback: Callable[[], None] | None) -> None:
+        """Call ``callback`` when the job is cancelled (the worker's handler runner uses it
+        to stop the handler); None removes it."""
+        self._on_cancel = callback
+        if callback is not None and self._cancelled:
+            callback()
 
     @property
     def job_id(self) -> str:

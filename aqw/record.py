@@ -94,7 +94,9 @@ class JobError(BaseModel):
 class JobInfo(BaseModel):
     """Everything known about one job (``await app.job(job_id)``).
 
-    Times are timezone-aware UTC datetimes. ``attempts`` counts the runs started so far.
+    Times are timezone-aware UTC datetimes. ``attempts`` is the attempt number of the
+    latest run (1 for the first run, 2 for the first retry; a job run again after its
+    worker crashed keeps its attempt number), 0 before it first ran.
     ``result`` is the handler's return value as JSON data when the task keeps results
     (``has_result``); ``result_note`` says why a result was not kept (too big, not JSON).
     ``damaged`` lists stored fields that could not be read (they got defaults).

@@ -23,7 +23,9 @@ Where each number comes from:
 
 from __future__ import annotations
 
+import json
 import time
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ._damage import shown, split_heartbeats, to_float, to_int
@@ -33,6 +35,7 @@ from .brokers.base import Broker
 from .brokers.redis import RedisBroker
 from .monitor import format_age as _age
 from .monitor import is_monitor_heartbeat
+from .record import JobInfo
 
 if TYPE_CHECKING:
     from .app import App
@@ -288,25 +291,87 @@ def render(status: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def render_job(job_id: str, state: dict[str, str] | None) -> str:
-    """One job's running state, or that it is not running (every value escaped)."""
-    if state is None:
-        return f"job {_p(job_id)}: not running (finished, waiting, or unknown)\n"
-    lines = [f"job {_p(job_id)}: {_p(state.get('state', 'running'))}"]
-    if state.get("damaged"):
-        lines.append(f"  ! damaged state: {_p(state['damaged'])}")
-    for key in (
-        "task",
-        "attempt",
-        "worker",
-        "started_at",
-        "lease_expires_at",
-        "fencing_token",
-        "progress",
-        "message",
-    ):
-        value = state.get(key, "")
-        if key in ("started_at", "lease_expires_at") and value:
-            value = _clock(value, "%Y-%m-%d %H:%M:%S")
-        lines.append(f"  {key:<17} {_p(value)}")
+#: Most characters of a job's result that the human view prints; past it the result is cut,
+#: with a note of its size (``--json`` prints it whole).
+RESULT_SHOWN = 2048
+
+
+def render_time(at: datetime | float | None, now: float | None = None) -> str:
+    """A time for people: its UTC date and how long ago (or from now) it is, e.g.
+    ``2026-12-01 10:00:00 UTC (3m 12s ago)``; ``-`` for none, ``?`` for no plausible time."""
+    if at is None:
+        return "-"
+    seconds = at.timestamp() if isinstance(at, datetime) else to_float(at, None)
+    if seconds is None or seconds <= 0:
+        return "?"
+    try:
+        date = datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, OSError, ValueError):
+        return "?"
+    delta = (time.time() if now is None else now) - seconds
+    span = render_span(abs(delta))
+    return f"{date} ({span} ago)" if delta >= 0 else f"{date} (in {span})"
+
+
+def render_span(seconds: float) -> str:
+    """A duration for people: ``4.2s``, ``42s``, ``3m 12s``, ``2h 5m``, ``3d 4h``."""
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    whole = int(seconds)
+    for unit, size, sub, sub_size in (("d", 86400, "h", 3600), ("h", 3600, "m", 60)):
+        if whole >= size:
+            return f"{whole // size}{unit} {whole % size // sub_size}{sub}"
+    return f"{whole // 60}m {whole % 60}s" if whole >= 60 else f"{whole}s"
+
+
+def render_job(job_id: str, info: JobInfo | None, *, now: float | None = None) -> str:
+    """One job's whole record for people (``aqw job show``, ``aqw status JOB_ID``), or that
+    there is none. Every value read from the broker is escaped (``aqw._text.printable``);
+    the traceback and the result (pretty JSON, cut past ``RESULT_SHOWN`` characters with
+    a note of its size) are printed as lines."""
+    if info is None:
+        return f"job {_p(job_id)}: no record (never enqueued on this queue, or expired)\n"
+    at = time.time() if now is None else now
+    lines = [f"job {_p(info.id)}: {info.state}"]
+    if info.damaged:
+        names = ", ".join(_p(name) for name in info.damaged)
+        lines.append(f"  ! damaged fields, read as their defaults: {names}")
+    progress = f"{info.progress:.0%}" if info.progress or info.message else "-"
+    if info.message:
+        progress += f" {_p(info.message)}"
+    error = info.error
+    kept = _p(f"not kept: {info.result_note}") if info.result_note else ""
+    rows: list[tuple[str, str | None]] = [
+        ("queue", _p(info.queue)),
+        ("task", _p(info.task)),
+        ("attempts", str(info.attempts)),
+        ("enqueued", render_time(info.enqueued_at, at)),
+        ("started", render_time(info.started_at, at)),
+        ("finished", render_time(info.finished_at, at)),
+        ("run at", render_time(info.run_at, at)),
+        ("expires at", render_time(info.expires_at, at)),
+        ("worker", _p(info.worker)),
+        ("progress", progress),
+        ("key", _p(info.key or "")),
+        ("fencing token", str(info.fencing_token or "")),
+        ("lease expires", render_time(info.lease_expires_at, at)),
+        ("cancel requested", "yes" if info.cancel_requested else "no"),
+        ("result", None if info.has_result else kept),
+        ("error type", _p(error.type) if error else ""),
+        ("error", _p(error.message) if error else ""),
+        ("fingerprint", _p(error.fingerprint) if error else ""),
+    ]
+    if info.dlq_entry:
+        entry = _p(info.dlq_entry)
+        rows.append(("dlq entry", f"{entry}  (aqw dlq show {entry})"))
+    lines += [f"  {name:<17} {value or '-'}" for name, value in rows if value is not None]
+    if info.has_result:
+        text = json.dumps(info.result, indent=2, ensure_ascii=False)
+        lines += ["  result:", *(f"    {_p(line)}" for line in text[:RESULT_SHOWN].splitlines())]
+        if len(text) > RESULT_SHOWN:
+            size = len(text.encode("utf-8", "replace"))
+            lines.append(f"    ... cut at {RESULT_SHOWN} characters of {size} bytes (--json: all)")
+    if error is not None and error.traceback:
+        shown_tb = printable(error.traceback.rstrip("\n"), keep_newlines=True)
+        lines += ["  traceback:", *(f"    {line}" for line in shown_tb.split("\n"))]
     return "\n".join(lines) + "\n"

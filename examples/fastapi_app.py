@@ -4,8 +4,14 @@ Endpoints:
 
 - ``POST /jobs`` enqueues a report job (the body is validated: a bad one gets 422); an
   ``Idempotency-Key`` header enqueues at most one job per key.
-- ``GET /jobs/{job_id}`` shows a job: ``running`` with its progress while a worker runs it,
-  ``completed`` with its result once done, 404 otherwise (waiting, unknown or expired).
+- ``GET /jobs/{job_id}`` shows the job's record (``app.job``): its state (queued, running,
+  succeeded, dead, cancelled...), progress while it runs, its result once it succeeded,
+  its last error; 404 for an unknown id.
+- ``GET /jobs/{job_id}/result?wait=SECONDS`` waits (without polling) for the job to end and
+  returns its result: 200, 409 when it failed, was cancelled or expired, 504 when it has not
+  ended in time.
+- ``DELETE /jobs/{job_id}`` cancels the job (``app.cancel``): a waiting job never runs, a
+  running one is stopped at its next lease renewal.
 - ``GET /health`` reports the embedded worker (503 unless it is running).
 
 Configuration from the environment: ``AQW_BROKER`` (default ``memory://``), ``AQW_QUEUE``
@@ -29,20 +35,14 @@ to keep them across restarts and share them between processes.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import time
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Header, HTTPException, Request, Response
+from fastapi import FastAPI, Header, HTTPException, Query, Request, Response
 from pydantic import BaseModel, Field
 
 import aqw
-from aqw.brokers.redis import RedisBroker
 from aqw.fastapi import health, lifespan, worker_of
-
-#: Seconds a completed job's result stays readable.
-RESULT_TTL = 3600
 
 
 class Report(BaseModel):
@@ -53,26 +53,12 @@ class Report(BaseModel):
     steps: int = Field(default=4, ge=1, le=100, description="progress updates on the way")
 
 
-class Results:
-    """Where finished jobs leave their result: Redis when the broker is Redis (so any
-    process can read it), else a dict in this process."""
+class ReportResult(BaseModel):
+    """What a report job returns: kept in its record for an hour (``keep_for``)."""
 
-    def __init__(self, app: aqw.App) -> None:
-        self.broker = app.broker if isinstance(app.broker, RedisBroker) else None
-        self.prefix = f"example:{{{app.queue}}}:result:"
-        self.local: dict[str, dict[str, Any]] = {}
-
-    async def put(self, job_id: str, result: dict[str, Any]) -> None:
-        if self.broker is None:
-            self.local[job_id] = result
-        else:
-            await self.broker.client.set(self.prefix + job_id, json.dumps(result), ex=RESULT_TTL)
-
-    async def get(self, job_id: str) -> dict[str, Any] | None:
-        if self.broker is None:
-            return self.local.get(job_id)
-        raw = await self.broker.client.get(self.prefix + job_id)
-        return None if raw is None else dict(json.loads(raw))
+    name: str
+    attempt: int
+    worker: str
 
 
 def create_app(broker: str | None = None, queue: str | None = None) -> FastAPI:
@@ -82,23 +68,14 @@ def create_app(broker: str | None = None, queue: str | None = None) -> FastAPI:
         queue=queue or os.environ.get("AQW_QUEUE") or "reports",
         lease_ttl=10.0,
     )
-    results = Results(jobs)
 
-    @jobs.task(name="make_report", max_retries=3)
-    async def make_report(data: Report, ctx: aqw.Context) -> None:
+    @jobs.task(name="make_report", max_retries=3, keep_result=True, keep_for=3600)
+    async def make_report(data: Report, ctx: aqw.Context) -> ReportResult:
         """Work for ``data.seconds`` in ``data.steps`` steps, reporting progress."""
         for step in range(1, data.steps + 1):
             await asyncio.sleep(data.seconds / data.steps)
             await ctx.progress(step / data.steps, f"step {step}/{data.steps}")
-        await results.put(
-            ctx.job_id,
-            {
-                "name": data.name,
-                "finished_at": time.time(),
-                "attempt": ctx.attempt,
-                "worker": ctx.worker.name,
-            },
-        )
+        return ReportResult(name=data.name, attempt=ctx.attempt, worker=ctx.worker.name)
 
     api = FastAPI(
         title="aqw example",
@@ -120,21 +97,28 @@ def create_app(broker: str | None = None, queue: str | None = None) -> FastAPI:
 
     @api.get("/jobs/{job_id}")
     async def status(job_id: str) -> dict[str, Any]:
-        state = await jobs.job_status(job_id)
-        if state is not None:
-            return {
-                "job_id": job_id,
-                "state": "running",
-                "progress": float(state.get("progress") or 0.0),
-                "message": state.get("message", ""),
-                "attempt": int(state.get("attempt") or 1),
-                "worker": state.get("worker", ""),
-                "started_at": float(state.get("started_at") or 0.0),
-            }
-        result = await results.get(job_id)
-        if result is not None:
-            return {"job_id": job_id, "state": "completed", "result": result}
-        raise HTTPException(404, f"job {job_id} is not running (waiting, unknown or expired)")
+        info = await jobs.job(job_id)
+        if info is None:
+            raise HTTPException(404, f"no record of job {job_id} (unknown, or expired)")
+        return info.model_dump(mode="json", exclude={"damaged"})
+
+    @api.get("/jobs/{job_id}/result")
+    async def result(job_id: str, wait: Annotated[float, Query(gt=0, le=30)] = 10.0) -> Any:
+        try:
+            return await jobs.result(job_id, timeout=wait)
+        except aqw.UnknownJob as exc:
+            raise HTTPException(404, str(exc)) from None
+        except (aqw.JobFailed, aqw.JobCancelled, aqw.JobExpired, aqw.ResultNotKept) as exc:
+            raise HTTPException(409, str(exc)) from None
+        except TimeoutError:
+            raise HTTPException(504, f"job {job_id} has not ended within {wait}s") from None
+
+    @api.delete("/jobs/{job_id}", status_code=202)
+    async def cancel(job_id: str) -> dict[str, Any]:
+        outcome = await jobs.cancel(job_id)
+        if outcome == "unknown":
+            raise HTTPException(404, f"no record of job {job_id} (unknown, or expired)")
+        return {"job_id": job_id, "outcome": outcome}
 
     @api.get("/health")
     async def get_health(request: Request, response: Response) -> dict[str, Any]:

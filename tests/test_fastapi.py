@@ -92,15 +92,35 @@ async def test_in_process_enqueue_status_health(asgi: tuple[Any, httpx.AsyncClie
     body = running.json()
     assert body["state"] == "running" and 0 < body["progress"] < 1
     assert body["message"].startswith("step ")
-    done = await poll(
-        client, f"/jobs/{job_id}", lambda r: r.json().get("state") == "completed", within=5
-    )
-    assert done.json()["result"]["name"] == "q3"
+    result = await client.get(f"/jobs/{job_id}/result", params={"wait": 5})
+    assert result.status_code == 200 and result.json()["name"] == "q3"
+    done = (await client.get(f"/jobs/{job_id}")).json()
+    assert done["state"] == "succeeded" and done["result"]["name"] == "q3"
+    assert done["progress"] == 1.0 and done["attempts"] == 1
 
     assert (await client.get("/jobs/nope")).status_code == 404
+    assert (await client.get("/jobs/nope/result")).status_code == 404
+    assert (await client.get(f"/jobs/{job_id}/result", params={"wait": 0})).status_code == 422
     r = await client.get("/health")
     assert r.json()["processed"] == 1 and r.json()["in_flight"] == 0
     assert r.json()["uptime"] > 0
+
+
+async def test_in_process_cancel_and_wait(asgi: tuple[Any, httpx.AsyncClient]) -> None:
+    _, client = asgi
+    r = await client.post("/jobs", json={"name": "long", "seconds": 30, "steps": 30})
+    job_id = r.json()["job_id"]
+    await poll(client, f"/jobs/{job_id}", lambda r: r.json()["state"] == "running", within=5)
+    waited = await client.get(f"/jobs/{job_id}/result", params={"wait": 0.2})
+    assert waited.status_code == 504
+    r = await client.delete(f"/jobs/{job_id}")
+    assert r.status_code == 202 and r.json()["outcome"] == "cancelling"
+    ended = await client.get(f"/jobs/{job_id}/result", params={"wait": 15})
+    assert ended.status_code == 409 and "cancelled" in ended.json()["detail"]
+    assert (await client.get(f"/jobs/{job_id}")).json()["state"] == "cancelled"
+    again = await client.delete(f"/jobs/{job_id}")
+    assert again.json()["outcome"] == "finished"
+    assert (await client.delete("/jobs/nope")).status_code == 404
 
 
 async def test_in_process_idempotency_key(asgi: tuple[Any, httpx.AsyncClient]) -> None:
@@ -243,10 +263,10 @@ async def test_uvicorn_enqueue_status_health(server_factory: Callable[..., Serve
         )
         assert running.json()["state"] == "running"
         assert running.json()["worker"]
-        done = await poll(
-            client, f"/jobs/{job_id}", lambda r: r.json().get("state") == "completed", within=10
-        )
-        assert done.json()["result"]["name"] == "q3"
+        result = await client.get(f"/jobs/{job_id}/result", params={"wait": 10}, timeout=15)
+        assert result.status_code == 200 and result.json()["name"] == "q3"
+        done = (await client.get(f"/jobs/{job_id}")).json()
+        assert done["state"] == "succeeded" and done["result"]["name"] == "q3"
         assert (await client.get("/jobs/0123456789abcdef")).status_code == 404
         h = (await client.get("/health")).json()
         assert h["state"] == "running" and h["processed"] == 1 and h["concurrency"] == 4
@@ -284,7 +304,8 @@ async def test_uvicorn_sigterm_loses_nothing(
 
     client = redis.Redis.from_url(REDIS_URL)
     try:
-        completed = {i for i in ids if client.exists(f"example:{{{queue_name}}}:result:{i}")}
+        states = {i: client.hget(f"aqw:{{{queue_name}}}:job:{i}", "state") for i in ids}
+        completed = {i for i, state in states.items() if state == b"succeeded"}
         waiting = stream_job_ids(client, queue_name)
         pending: Any = client.xpending(f"aqw:{{{queue_name}}}:stream", "aqw")
     finally:

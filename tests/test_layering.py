@@ -49,12 +49,23 @@ PUBLIC = -1
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli", "__main__"),
     ("fastapi", "monitor", "status", "dashboard"),
-    ("app", "dlq"),
+    ("app", "dlq", "jobs", "_arguments"),
     ("worker",),
     ("task", "context", "telemetry", "cache", "_cache_entry", "idempotency"),
     ("brokers",),
     ("lease", "_lease_keeper", "redlock", "retry"),
-    ("_redis", "job", "errors", "_ids", "_cancel", "_text", "_redact", "_damage", "_version"),
+    (
+        "_redis",
+        "job",
+        "errors",
+        "_ids",
+        "_cancel",
+        "_text",
+        "_redact",
+        "_damage",
+        "_version",
+        "record",
+    ),
 )
 
 #: Where ``import redis`` may appear, as paths relative to the package root (a directory

@@ -21,7 +21,7 @@ import aqw
 from aqw.cli._common import CliError, setup_logging
 from aqw.cli._logs import HANDLER_NAME, configure_logging
 from aqw.context import JobLog, job_fields
-from aqw.worker._settle import LOG_TRACEBACK_CHARS
+from aqw.worker._attempts import LOG_TRACEBACK_CHARS
 from tests._helpers import run_burst
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.filterwarnings("error")]

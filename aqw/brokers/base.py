@@ -157,7 +157,7 @@ class Broker(abc.ABC):
     def __init__(self, queue: str) -> None:
         self.queue = queue
         self.consumer = ""
-        #: Job states and heartbeats, for brokers with no shared store for them.
+        #: Worker heartbeats, for brokers with no shared store for them.
         self.local_status = LocalStatus()
         #: Job records, for brokers with no shared store for them (SQS): only this
         #: process's jobs, and only while it lives.
@@ -305,11 +305,10 @@ class Broker(abc.ABC):
         """True when ``job``'s idempotency key has a completion record (it finished before)."""
         return False
 
-    # -- job records (``aqw/record.py``) -----------------------------------------------------
-    #
-    # These defaults keep records in the process (``local_records``); brokers with a shared
-    # store write them in the same atomic steps that move the job (publish, the lease taken
-    # by ``job_lease_backend``, ack, retry, dead_letter, requeue) and override all of these.
+    # -- job records (``aqw/record.py``): these defaults keep them in the process -----------
+    # (``local_records``); brokers with a shared store write them in the same atomic steps
+    # that move the job (publish, the lease taken by ``job_lease_backend``, ack, retry,
+    # dead_letter, requeue) and override all of these and the running-job states below.
 
     def job_lease_backend(self, job: Job) -> LeaseBackend:
         """The backend of ``job``'s own lease. Its ``acquire`` also marks the job running,
@@ -322,10 +321,9 @@ class Broker(abc.ABC):
         return self.local_records.info(job_id)
 
     async def cancel(self, job_id: str, keep_for: float = DEFAULT_KEEP_FOR) -> CancelOutcome:
-        """Cancel a job: ``"cancelled"`` when it had not started (it never will),
-        ``"cancelling"`` when it is running (its handler is stopped at its next lease
-        renewal), ``"finished"`` when it had already ended (nothing changes), ``"unknown"``
-        when there is no record of it."""
+        """Cancel a job: ``"cancelled"`` (not started: it never will), ``"cancelling"``
+        (running: its handler is stopped at its next lease renewal), ``"finished"`` (it had
+        ended: nothing changes) or ``"unknown"`` (no record of it)."""
         return self.local_records.cancel(job_id, keep_for)
 
     async def cancel_requested(self, job_id: str) -> bool:
@@ -334,28 +332,28 @@ class Broker(abc.ABC):
 
     async def wait_finished(self, job_id: str, timeout: float | None) -> JobInfo:
         """The job's record once it has ended, waiting up to ``timeout`` seconds (None: no
-        limit) without polling. Raises ``aqw.UnknownJob`` when there is no record of it and
-        ``TimeoutError`` when it has not ended in time."""
+        limit) without polling. Raises ``aqw.UnknownJob`` (no record) or ``TimeoutError``."""
         return await self.local_records.wait(job_id, timeout)
 
-    # -- running-job state (expires on its own when the worker dies) ------------------------
+    # -- running-job states: the records of running jobs. A job counts as running while its
+    # record reads ``running`` and its lease expired at most ``LEASE_GRACE`` ago (past that
+    # its worker died); a state has the shape of ``RunningJob.state`` (aqw/worker).
 
     async def set_job_state(self, job_id: str, state: dict[str, str], ttl: float) -> None:
-        """Publish the state of a running job for ``ttl`` seconds. This default keeps it in
-        the broker object (enough for an embedded worker); shared brokers store it centrally."""
-        self.local_status.set_job_state(job_id, state, ttl)
+        """Write ``state``'s progress, message and lease expiry into the job's record while
+        it runs under ``state``'s fencing token (never a finished record); ``ttl`` unused."""
+        self.local_records.set_running_state(job_id, state)
 
     async def clear_job_state(self, job_id: str) -> None:
-        """Remove the state of a job that is no longer running."""
-        self.local_status.clear_job_state(job_id)
+        """Nothing to do: the job's end (ack, retry, ...) moved its record on."""
 
     async def job_state(self, job_id: str) -> dict[str, str] | None:
-        """The published state of a running job, or None."""
-        return self.local_status.job_state(job_id)
+        """The state of a running job, or None."""
+        return self.local_records.running_state(job_id)
 
     async def job_states(self, limit: int = 1000) -> list[dict[str, str]]:
-        """The published states of up to ``limit`` running jobs."""
-        return self.local_status.job_states(limit)
+        """The states of up to ``limit`` running jobs."""
+        return self.local_records.running_states(limit)
 
     # -- worker heartbeats (what `aqw status` and the monitor read) -------------------------
 

@@ -1,6 +1,7 @@
 """The in-process broker: the embedded default, and a test double with the same semantics
 as the Redis Streams broker (pending entries, reclaim after idle, delayed set, capped DLQ,
-leases with fencing tokens). Brokers with the same name in one process share one queue."""
+leases with fencing tokens, job records). Brokers with the same name in one process share
+one queue."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from dataclasses import dataclass, field
 
 from ..job import Job
 from ..lease import Lease, LeaseBackend
+from ..record import DEFAULT_KEEP_FOR
+from ._local_records import LocalRecords
 from ._local_status import LocalStatus
-from .base import Broker, DeadJob, Delivery, Failure, QueueDepth
+from .base import Broker, DeadJob, Delivery, Failure, Finish, QueueDepth, failure_fields
 
 
 class MemoryLeaseBackend:
@@ -70,12 +73,16 @@ class _Pending:
 class _Queue:
     """The shared state of one named in-memory queue."""
 
+    #: The job records (``app.job``), shared by the queue's brokers in this process.
+    job_records: LocalRecords
     waiting: OrderedDict[str, bytes] = field(default_factory=OrderedDict)
     pending: dict[str, _Pending] = field(default_factory=dict)
     delayed: list[tuple[float, int, bytes]] = field(default_factory=list)
     dlq: OrderedDict[str, DeadJob] = field(default_factory=OrderedDict)
     stats: dict[str, int] = field(default_factory=dict)
-    records: dict[str, tuple[str, float]] = field(default_factory=dict)
+    #: Idempotency records: ``key:<key>`` (enqueued) and ``done:<key>`` (completed), each
+    #: (job id, until) in ``time.monotonic()`` seconds.
+    key_records: dict[str, tuple[str, float]] = field(default_factory=dict)
     leases: MemoryLeaseBackend = field(default_factory=MemoryLeaseBackend)
     ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     changed: asyncio.Event | None = None
@@ -96,15 +103,19 @@ _QUEUES: dict[str, _Queue] = {}
 
 
 def reset_memory_queues() -> None:
-    """Forget every in-memory queue of this process, with their heartbeats and job states
+    """Forget every in-memory queue of this process, with their heartbeats and job records
     (for tests)."""
-    _QUEUES.clear()
+    for name in list(_QUEUES):
+        delete_memory_queue(name)
 
 
 def delete_memory_queue(name: str) -> None:
     """Forget the in-memory queue ``name`` of this process, with everything in it (its
-    jobs, dead-letter queue, heartbeats and job states); a later broker starts it afresh."""
-    _QUEUES.pop(name, None)
+    jobs, dead-letter queue, heartbeats and job records: callers waiting for one of its
+    jobs get ``aqw.UnknownJob``); a later broker starts it afresh."""
+    q = _QUEUES.pop(name, None)
+    if q is not None:
+        q.job_records.clear()
 
 
 class MemoryBroker(Broker):
@@ -115,8 +126,10 @@ class MemoryBroker(Broker):
     def __init__(self, queue: str = "default", *, dlq_limit: int = 100_000) -> None:
         super().__init__(queue)
         self.dlq_limit = dlq_limit
-        self._q = _QUEUES.setdefault(queue, _Queue())
+        q = _QUEUES.get(queue)
+        self._q = q if q is not None else _QUEUES.setdefault(queue, _Queue(LocalRecords(queue)))
         self.local_status = self._q.status  # brokers of one queue share its status too
+        self.local_records = self._q.job_records  # and its job records
 
     def describe(self) -> str:
         return f"memory://{self.queue}"
@@ -131,6 +144,7 @@ class MemoryBroker(Broker):
     async def publish(self, jobs: Sequence[Job]) -> None:
         for job in jobs:
             self._q.waiting[self._q.next_id()] = job.encode()
+            self.local_records.enqueued(job)
         self._q.notify()
 
     async def publish_raw(self, data: bytes) -> str:
@@ -141,9 +155,9 @@ class MemoryBroker(Broker):
         return entry_id
 
     def _record(self, name: str) -> str | None:
-        entry = self._q.records.get(name)
+        entry = self._q.key_records.get(name)
         if entry is None or entry[1] <= time.monotonic():
-            self._q.records.pop(name, None)
+            self._q.key_records.pop(name, None)
             return None
         return entry[0]
 
@@ -152,7 +166,7 @@ class MemoryBroker(Broker):
         existing = self._record(f"key:{job.key}") or self._record(f"done:{job.key}")
         if existing is not None:
             return existing, True
-        self._q.records[f"key:{job.key}"] = (job.id, time.monotonic() + ttl)
+        self._q.key_records[f"key:{job.key}"] = (job.id, time.monotonic() + ttl)
         if run_at is not None:
             await self.schedule([job], run_at)
         else:
@@ -165,6 +179,7 @@ class MemoryBroker(Broker):
     async def schedule(self, jobs: Sequence[Job], run_at: float) -> None:
         for job in jobs:
             heapq.heappush(self._q.delayed, (run_at, next(self._q.ids), job.encode()))
+            self.local_records.enqueued(job, run_at)
         self._q.notify()
 
     async def fetch(self, count: int, block: float) -> list[Delivery]:
@@ -261,19 +276,36 @@ class MemoryBroker(Broker):
         return True
 
     async def ack(
-        self, delivery: Delivery, job: Job | None, lease: Lease | None, record_ttl: float = 0.0
+        self,
+        delivery: Delivery,
+        job: Job | None,
+        lease: Lease | None,
+        record_ttl: float = 0.0,
+        finish: Finish | None = None,
     ) -> bool:
         if not self._settle(delivery, lease):
             return False
-        if job is not None and job.key is not None and record_ttl > 0:
-            self._q.records[f"done:{job.key}"] = (job.id, time.monotonic() + record_ttl)
+        if job is not None:
+            if job.key is not None and record_ttl > 0:
+                self._q.key_records[f"done:{job.key}"] = (job.id, time.monotonic() + record_ttl)
+            end = finish or Finish()
+            fields = end.fields(self.consumer, time.time())
+            self.local_records.finish(job, end.state, fields, end.keep_for)
         self._q.bump("processed")
         return True
 
-    async def retry(self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None) -> bool:
+    async def retry(
+        self,
+        delivery: Delivery,
+        job: Job,
+        run_at: float,
+        lease: Lease | None,
+        failure: Failure | None = None,
+    ) -> bool:
         if not self._settle(delivery, lease):
             return False
         heapq.heappush(self._q.delayed, (run_at, next(self._q.ids), job.encode()))
+        self.local_records.retrying(job, run_at, failure_fields(failure) if failure else {})
         self._q.bump("retried")
         self._q.notify()
         return True
@@ -285,6 +317,7 @@ class MemoryBroker(Broker):
         failure: Failure,
         attempts: int,
         lease: Lease | None,
+        keep_for: float = DEFAULT_KEEP_FOR,
     ) -> str | None:
         if not self._settle(delivery, lease):
             return None
@@ -302,17 +335,24 @@ class MemoryBroker(Broker):
             last_failed_at=failure.failed_at,
             worker=failure.worker,
         )
+        if job is not None:
+            fields = Finish(failure=failure).fields(failure.worker or self.consumer, time.time())
+            self.local_records.finish(job, "dead", {**fields, "dlq_entry": entry_id}, keep_for)
         self._q.bump("dead")
         while self.dlq_limit > 0 and len(self._q.dlq) > self.dlq_limit:
             self._q.dlq.popitem(last=False)
             self._q.bump("dlq_trimmed")
         return entry_id
 
-    async def requeue(self, delivery: Delivery, lease: Lease | None) -> bool:
+    async def requeue(
+        self, delivery: Delivery, lease: Lease | None, job: Job | None = None
+    ) -> bool:
         p = self._q.pending.get(delivery.id)
         if p is None or p.consumer != self.consumer:
             return False
         self._settle(delivery, lease)
+        if job is not None:
+            self.local_records.requeued(job.id)
         self._q.waiting[self._q.next_id()] = delivery.data
         self._q.notify()
         return True
@@ -339,6 +379,7 @@ class MemoryBroker(Broker):
         for entry_id, job in entries:
             if self._q.dlq.pop(entry_id, None) is not None:
                 self._q.waiting[self._q.next_id()] = job.encode()
+                self.local_records.replayed(job)
                 n += 1
         self._q.notify()
         return n

@@ -1,5 +1,8 @@
 """``aqw dlq list|show|replay|purge``: the dead-letter queue from the command line. Everything
-printed came from the broker and is escaped, so no stored terminal escape reaches the screen."""
+printed came from the broker and is escaped, so no stored terminal escape reaches the screen.
+
+``show`` takes an entry id or a job id: a job's record names its entry (``dlq_entry``); when
+the record is gone, the first ``SCAN_LIMIT`` entries are searched for the job id."""
 
 from __future__ import annotations
 
@@ -13,7 +16,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from .._text import printable
+from ..app import App
+from ..brokers.base import DeadJob
 from ..dlq import DeadLetters, dead_job_json
+from ..errors import ConfigError
+from ..status import render_time
 from ._common import (
     CliError,
     add_log_options,
@@ -25,6 +32,9 @@ from ._common import (
 )
 
 APP_HELP = "the app, as package.module:app (or --app, AQW_APP)"
+
+#: How many DLQ entries ``aqw dlq show JOB_ID`` searches for the job id when its record is gone.
+SCAN_LIMIT = 10_000
 
 
 def add_parser(sub: Any) -> None:
@@ -41,10 +51,11 @@ def add_parser(sub: Any) -> None:
         "--limit", type=integer(1), default=100, metavar="N", help="show at most N, >= 1 (100)"
     )
     dl.add_argument("--json", action="store_true", help="print JSON for scripts")
-    ds = dsub.add_parser("show", help="show one dead job")
+    ds = dsub.add_parser("show", help="show one dead job, by its entry id or its job id")
     ds.add_argument("first", nargs="?", metavar="APP", help=APP_HELP)
-    ds.add_argument("id", metavar="ID", help="the dead job's entry id")
+    ds.add_argument("id", metavar="ID", help="the dead job's entry id, or its job id")
     add_target(ds, positional_app=False)
+    ds.add_argument("--json", action="store_true", help="print JSON for scripts")
     dr = dsub.add_parser("replay", help="put dead jobs back on the queue")
     dr.add_argument("first", nargs="?", metavar="APP", help=APP_HELP)
     dr.add_argument("ids", nargs="*", metavar="ID", help="entry ids to replay")
@@ -86,10 +97,11 @@ async def run(args: argparse.Namespace) -> int:
         if args.dlq_command == "list":
             return await _list(dlq, args)
         if args.dlq_command == "show":
-            dead = await dlq.get(args.id)
-            if dead is None:
-                raise CliError(f"no dead job with id {args.id!r}")
-            print(dead_job_json(dead))
+            dead = await find_dead(app, args.id)
+            if args.json:
+                print(dead_job_json(dead))
+            else:
+                sys.stdout.write(render_dead(dead))
             return 0
         if args.dlq_command == "replay":
             if not (args.ids or args.all or args.task):
@@ -133,14 +145,17 @@ async def _list(dlq: DeadLetters, args: argparse.Namespace) -> int:
         filtered = args.task is not None or args.error_type is not None
         print("no dead job matches" if filtered else "the dead-letter queue is empty")
         return 0
-    print(f"{'ID':<20} {'TASK':<24} {'ERROR':<20} {'ATT':>3} {'FAILED AT':<19}  MESSAGE")
+    print(
+        f"{'ID':<20} {'JOB':<32} {'TASK':<24} {'ERROR':<20} {'ATT':>3} {'FAILED AT':<19}  MESSAGE"
+    )
     for d in items:
         # Everything here came from the broker: escaped, so no terminal escape passes.
         when = _when(d.last_failed_at)
         message = printable(d.error.replace("\n", " "))[:60]
         task = printable(d.task) if d.task else "(undecodable)"
+        job = printable(d.job_id) if d.job_id else "-"
         print(
-            f"{printable(d.id):<20} {task:<24.24} {printable(d.error_type):<20.20} "
+            f"{printable(d.id):<20} {job:<32} {task:<24.24} {printable(d.error_type):<20.20} "
             f"{d.attempts:>3} {when}  {message}"
         )
         for note in d.damaged:
@@ -156,6 +171,84 @@ def _when(at: float) -> str:
         return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
     except (OverflowError, OSError, ValueError):
         return f"{'?':<19}"
+
+
+async def find_dead(app: App, wanted: str) -> DeadJob:
+    """The dead job ``wanted`` names: a DLQ entry id, else a job id (the entry its record
+    names; with no record, the newest of the first ``SCAN_LIMIT`` entries of that job). A
+    ``CliError`` saying where it looked when there is none. Notes go to stderr."""
+    dead = await app.dlq.get(wanted)
+    if dead is not None:
+        return dead
+    missing = f"no dead job with id {wanted!r}"
+    try:
+        info = await app.job(wanted)
+    except ConfigError:  # not a possible job id either
+        raise CliError(missing) from None
+    if info is not None:
+        if info.dlq_entry is None:
+            raise CliError(f"{missing}: job {wanted!r} is {info.state}, not dead-lettered")
+        dead = await app.dlq.get(info.dlq_entry)
+        if dead is None:
+            raise CliError(
+                f"{missing}: job {wanted!r} was dead-lettered as entry {info.dlq_entry!r}, "
+                "which is gone (replayed or purged)"
+            )
+        return dead
+    seen = 0
+    found: DeadJob | None = None
+    async for entry in app.dlq.iterate():
+        if entry.job_id == wanted:
+            found = entry  # oldest first: the last one seen is the newest
+        seen += 1
+        if seen >= SCAN_LIMIT:
+            break
+    if found is not None:
+        print(
+            f"note: no record of job {printable(wanted)} (expired?); found its entry "
+            f"{printable(found.id)} by searching the dead-letter queue",
+            file=sys.stderr,
+        )
+        return found
+    if seen >= SCAN_LIMIT:
+        raise CliError(
+            f"{missing}: no entry, no record of a job {wanted!r}, and none of the first "
+            f"{SCAN_LIMIT} dead jobs has that job id (the rest were not searched)"
+        )
+    raise CliError(f"{missing}: no entry, no record of a job {wanted!r}, and no dead job of it")
+
+
+def render_dead(dead: DeadJob) -> str:
+    """A dead job for people: its fields, times as dates, the traceback as lines, the job's
+    envelope as indented JSON once, the damage found in the entry. Everything escaped."""
+    now = time.time()
+    task = printable(dead.task) if dead.task else "(undecodable)"
+    rows = [
+        ("job", printable(dead.job_id)),
+        ("task", task),
+        ("error type", printable(dead.error_type)),
+        ("error", printable(dead.error)),
+        ("attempts", str(dead.attempts)),
+        ("first failed", render_time(dead.first_failed_at or None, now)),
+        ("last failed", render_time(dead.last_failed_at or None, now)),
+        ("worker", printable(dead.worker)),
+        ("replay", f"aqw dlq replay {printable(dead.id)}"),
+    ]
+    lines = [f"dead job {printable(dead.id)}"]
+    lines += [f"  ! damaged entry: {printable(note)}" for note in dead.damaged]
+    lines += [f"  {name:<13} {value or '-'}" for name, value in rows]
+    if dead.traceback:
+        tb = printable(dead.traceback.rstrip("\n"), keep_newlines=True)
+        lines += ["  traceback:", *(f"    {line}" for line in tb.split("\n"))]
+    job = dead.job
+    if job is not None:
+        envelope = json.dumps(json.loads(job.model_dump_json()), indent=2, ensure_ascii=False)
+        lines.append("  envelope:")
+    else:
+        envelope = dead.data.decode("utf-8", "replace")
+        lines.append("  envelope (not a valid job, as stored):")
+    lines += [f"    {line}" for line in printable(envelope, keep_newlines=True).split("\n")]
+    return "\n".join(lines) + "\n"
 
 
 async def _require_ids(dlq: DeadLetters, ids: Sequence[str]) -> None:

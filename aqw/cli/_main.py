@@ -1,11 +1,13 @@
-"""The ``aqw`` command line: ``worker``, ``enqueue``, ``status``, ``monitor``, ``dlq`` and
-``bench``.
+"""The ``aqw`` command line: ``worker``, ``enqueue``, ``status``, ``job``, ``monitor``, ``dlq``
+and ``bench``.
 
 Settings come from arguments first, then ``AQW_*`` environment variables (``AQW_APP``,
 ``AQW_BROKER``, ``AQW_QUEUE``, ``AQW_CONCURRENCY``, ``AQW_PREFETCH``, ``AQW_GRACE``,
 ``AQW_PROCESSES``, ``AQW_LOG_LEVEL``, ``AQW_LOG_FORMAT``). ``--log-level`` and
 ``--log-format`` go before or after the subcommand. Exit status: 0 done, 1 failed (the
-broker unreachable, an error of aqw), 2 a usage or configuration error (one line on stderr).
+broker unreachable, an error of aqw), 2 a usage or configuration error (one line on stderr),
+6 no record of the job (``aqw job``, ``aqw status JOB_ID``); ``aqw job wait`` adds 3
+(failed or dead), 4 (cancelled), 5 (expired) and 124 (timed out).
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from typing import Any
 from .._redis.client import CLIENT_ERRORS
 from .._text import printable
 from .._version import __version__
-from ..errors import AqwError, ConfigError, UnknownTask
+from ..errors import AqwError, ConfigError, UnknownJob, UnknownTask
 from . import _dlq as dlq_cli
 from . import _enqueue as enqueue_cli
+from . import _job as job_cli
 from . import _monitor as monitor_cli
 from . import _status as status_cli
 from . import _worker as worker_cli
@@ -37,11 +40,14 @@ from .bench import _main as bench_cli
 
 #: Exit status: done; failed (unreachable broker, an error of aqw); a usage or set-up error.
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+#: Exit status: no record of the job (``aqw.UnknownJob``).
+EXIT_UNKNOWN_JOB = job_cli.EXIT_UNKNOWN_JOB
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
     "worker": worker_cli.run,
     "enqueue": enqueue_cli.run,
     "status": status_cli.run,
+    "job": job_cli.run,
     "monitor": monitor_cli.run,
     "dlq": dlq_cli.run,
     "bench": bench_cli.run,
@@ -53,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="aqw",
         description="asyncio job queue worker",
-        epilog="exit status: 0 done, 1 failed, 2 usage or configuration error",
+        epilog="exit status: 0 done, 1 failed, 2 usage or configuration error, "
+        "6 no record of the job (aqw job: see aqw job --help)",
     )
     parser.add_argument(
         "--version", action="version", version=f"aqw {__version__}", help="print the version"
@@ -63,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker_cli.add_parser(sub)
     enqueue_cli.add_parser(sub)
     status_cli.add_parser(sub)
+    job_cli.add_parser(sub)
     monitor_cli.add_parser(sub)
     bench_cli.add_parser(sub)
     dlq_cli.add_parser(sub)
@@ -80,19 +88,49 @@ def main(argv: Sequence[str] | None = None) -> int:
             # Outside asyncio.run: the supervisor owns the signals of its children.
             return worker_cli.run_processes(args)
         return asyncio.run(COMMANDS[args.command](args))
-    except (CliError, ConfigError, UnknownTask) as exc:
-        print(f"aqw: error: {printable(exc)}", file=sys.stderr)
-        return EXIT_USAGE
-    except AqwError as exc:
-        print(f"aqw: error: {printable(exc)}", file=sys.stderr)
-        return EXIT_FAILED
-    except Exception as exc:
-        if not isinstance(exc, (ConnectionError, OSError, *CLIENT_ERRORS)):
-            raise
-        print(f"aqw: error: cannot reach the broker: {printable(exc)}", file=sys.stderr)
-        return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        status = report(exc)
+        if status is None:
+            raise
+        return status
+
+
+async def run_command(argv: Sequence[str]) -> int:
+    """Run one ``aqw`` command in the running event loop (for tests and embedding): what
+    ``main`` does, the same exit status and error lines, but without setting up logging and
+    without the multi-process supervisor. A usage error returns 2 (argparse has printed it)."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    try:
+        app_argument(args)
+        return await COMMANDS[args.command](args)
+    except Exception as exc:
+        status = report(exc)
+        if status is None:
+            raise
+        return status
+
+
+def report(exc: Exception) -> int | None:
+    """Print the one line of an error a command ended with and return its exit status, or
+    None when it is not one of the expected errors (the caller re-raises it)."""
+    if isinstance(exc, UnknownJob):
+        status = EXIT_UNKNOWN_JOB
+    elif isinstance(exc, (CliError, ConfigError, UnknownTask)):
+        status = EXIT_USAGE
+    elif isinstance(exc, AqwError):
+        status = EXIT_FAILED
+    elif isinstance(exc, (ConnectionError, OSError, *CLIENT_ERRORS)):
+        print(f"aqw: error: cannot reach the broker: {printable(exc)}", file=sys.stderr)
+        return EXIT_FAILED
+    else:
+        return None
+    print(f"aqw: error: {printable(exc)}", file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":  # pragma: no cover

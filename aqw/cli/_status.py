@@ -1,5 +1,6 @@
-"""``aqw status``: the screen of ``aqw.status`` (or one job's running state), once, as JSON,
-or refreshed every few seconds until Ctrl-C."""
+"""``aqw status``: the screen of ``aqw.status``, once, as JSON, or refreshed every few seconds
+until Ctrl-C; or one job's whole record (``aqw status JOB_ID``, the same as ``aqw job show``:
+exit status 6 when there is no record of it)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import sys
 from typing import Any
 
 from ..app import App
-from ..status import gather_status, render, render_job
+from ..status import gather_status, render
+from . import _job as job_cli
 from ._common import add_log_options, add_target, number, resolve_app, take_app
 
 
@@ -20,14 +22,15 @@ def add_parser(sub: Any) -> None:
     """Add ``aqw status`` to the command line's subparsers."""
     p = sub.add_parser(
         "status",
-        help="queue depth, rates, workers, alerts; or one job's state",
-        description="One screen on a queue, or one job's running state. The first argument "
-        "is the app when it looks like package.module:app (or when two are given).",
+        help="queue depth, rates, workers, alerts; or one job's record",
+        description="One screen on a queue, or one job's whole record (as aqw job show; "
+        "exit status 6 when there is none). The first argument is the app when it looks "
+        "like package.module:app (or when two are given).",
     )
     p.add_argument(
         "first", nargs="?", metavar="APP", help="the app, as package.module:app (or --app, AQW_APP)"
     )
-    p.add_argument("job_id", nargs="?", metavar="JOB_ID", help="show this job's running state")
+    p.add_argument("job_id", nargs="?", metavar="JOB_ID", help="show this job's record")
     add_target(p, positional_app=False)
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.add_argument(
@@ -52,18 +55,7 @@ async def run(args: argparse.Namespace) -> int:
     app = resolve_app(args, need_app=False)
     try:
         if job_id:
-            state = await app.job_status(job_id)
-            if args.json:
-                print(
-                    json.dumps(
-                        {"job_id": job_id, "running": state is not None, "state": state},
-                        indent=2,
-                        ensure_ascii=True,  # control characters as \uXXXX escapes
-                    )
-                )
-            else:
-                sys.stdout.write(render_job(job_id, state))
-            return 0
+            return await job_cli.show(app, job_id, as_json=args.json)
         if getattr(args, "watch", None) is None:
             _show(await gather_status(app), args.json, clear=False)
             return 0

@@ -10,27 +10,30 @@ from pydantic import ValidationError
 
 from .._cancel import Canceller, Guarded
 from ..context import Context
-from ..errors import HandlerStopped, JobTimeout, LeaseLost, Reject, Retry
+from ..errors import HandlerStopped, JobCancelled, JobTimeout, LeaseLost, Reject, Retry
 from ..task import Task
 
 TIMED_OUT = "the handler ran past its timeout"
+CANCELLED = "the job was cancelled"
 
 
 @dataclass(slots=True)
 class Outcome:
     """What the handler's run asks the settle step to do."""
 
-    kind: str  # "ok" | "skip" | "retry" | "dead"
+    kind: str  # "ok" | "skip" | "retry" | "dead" | "cancelled"
     error: BaseException | None = None
     delay: float | None = None
+    #: The handler's return value ("ok").
+    value: Any = None
 
 
 async def run_handler(task: Task[Any], payload: Any, ctx: Context) -> Outcome:
-    """Call the handler under the task's timeout and the job's lease, and classify how it
-    ended.
+    """Call the handler under the task's timeout, the job's lease and its cancellation, and
+    classify how it ended.
 
-    Both deadlines are enforced the same way: the handler is cancelled when one passes and
-    again until it has exited, it is not resumed after one has passed (a handler paused or
+    All three stops are enforced the same way: the handler is cancelled when one comes and
+    again until it has exited, it is not resumed after one has come (a handler paused or
     blocked past its lease runs no further statement), and a handler that returns normally
     after its timeout has still timed out: its result is not acknowledged."""
     args, kwargs = task.codec.call_args(payload, ctx)
@@ -39,49 +42,71 @@ async def run_handler(task: Task[Any], payload: Any, ctx: Context) -> Outcome:
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
     running = asyncio.current_task()
-    timer = None
-    if deadline is not None and running is not None:
-        timer = Canceller(running, deadline)
+    timer = stopper = None
+    if running is not None:
+        if deadline is not None:
+            timer = Canceller(running, deadline)
+        stopper = Canceller(running, None)
+        ctx.on_cancel(lambda: stopper.fire(CANCELLED) if stopper is not None else None)
 
     def expired() -> str | None:
         if lease is not None:
             lapsed = lease.lapsed()
             if lapsed is not None:
                 return lapsed
+        if ctx.cancelled:
+            return CANCELLED
         if deadline is not None and loop.time() >= deadline:
             return TIMED_OUT
         return None
+
+    def cancelled() -> Outcome:
+        return Outcome("cancelled", JobCancelled(ctx.job.id))
 
     base = running.cancelling() if running is not None else 0
     guarded = Guarded(task.fn(*args, **kwargs), expired)
     others = base
     try:
         try:
-            await guarded
+            value = await guarded
         finally:
-            others = timer.close() if timer is not None else others
+            ctx.on_cancel(None)
+            if timer is not None:
+                timer.close()
+            if stopper is not None:
+                others = stopper.close()
         if lease is not None and guarded.stopped is not None:
             lapsed = lease.lapsed()
             if lapsed is not None:  # it caught the stop and returned: still not done
                 raise LeaseLost(lease.key, lapsed)
+        if guarded.stopped == CANCELLED:
+            return cancelled()  # it caught the stop and returned: stopped all the same
         if deadline is not None and loop.time() >= deadline:
             raise JobTimeout(f"handler ran longer than its timeout of {timeout}s")
     except HandlerStopped as stop:
         if lease is not None and lease.lapsed() is not None:
             raise LeaseLost(lease.key, lease.lapsed() or str(stop)) from None
+        if ctx.cancelled:
+            return cancelled()
         return classify(task, JobTimeout(f"handler ran longer than its timeout of {timeout}s"))
     except asyncio.CancelledError:
         if lease is not None and lease.lapsed() is not None:
             raise  # the lease's own guard turns this into LeaseLost
-        timed_out = (timer is not None and timer.fired) or guarded.stopped == TIMED_OUT
-        if not timed_out or others > base:
+        if others > base:
             raise  # a stop from outside (shutdown): the job is handed back
+        if ctx.cancelled:
+            return cancelled()
+        timed_out = (timer is not None and timer.fired) or guarded.stopped == TIMED_OUT
+        if not timed_out:
+            raise
         return classify(task, JobTimeout(f"handler ran longer than its timeout of {timeout}s"))
     except LeaseLost:
         raise  # e.g. refused by a fenced datastore write: not a failure of the job
     except Exception as exc:
+        if ctx.cancelled and guarded.stopped == CANCELLED:
+            return cancelled()  # it turned the stop into an error of its own
         return classify(task, exc)
-    return Outcome("ok")
+    return Outcome("ok", value=value)
 
 
 def classify(task: Task[Any], exc: Exception) -> Outcome:

@@ -21,6 +21,7 @@ from ..brokers.base import Broker, Delivery
 from ..cache import Cache
 from ..context import Context, ContextHost, job_fields
 from ..errors import (
+    JobCancelled,
     LeaseLost,
     LeaseUnavailable,
     MalformedJob,
@@ -31,7 +32,7 @@ from ..errors import (
 from ..job import Job
 from ..lease import Lease, LeaseKeeper
 from ..task import Task
-from ..telemetry import JobTrace, Telemetry, now_ns
+from ..telemetry import Telemetry, now_ns
 from ._backoff import Backoff
 from ._handler import Outcome, describe, run_handler
 from ._running import RunningJob, RunningJobs, WorkerStats
@@ -125,8 +126,11 @@ class JobPath:
         except Exception as exc:  # a validator may raise anything: the payload is unusable
             await self.settler.dead_letter(delivery, job, exc, payload_error=True)
             return
+        if job.expired():
+            await self.settler.end_unrun(task, delivery, job, None, "expired")
+            return
         lease = Lease(
-            self.broker.lease_backend(),
+            self.broker.job_lease_backend(job),
             self.broker.job_lease_key(job),
             ttl=task.options.lease_ttl,
             keep_alive=partial(self._keep_alive, delivery, job.id),
@@ -138,14 +142,14 @@ class JobPath:
             tel.observe("aqw.job.wait", max(0.0, time.time() - job.enqueued_at), job.task)
             lease.on_renewed(lambda _: tel.count("aqw.lease.renewals", job.task))
             lease.on_lost(lambda _: tel.count("aqw.lease.lost", job.task))
-        run = RunningJob(job, lease, jt)
+        run = RunningJob(job, lease, jt, Context(job, lease, self.host))
         error: BaseException | None = None
         try:
             try:
                 outcome = await self._run_leased(delivery, job, task, payload, lease, run, waited)
             except asyncio.CancelledError:  # a shutdown: hand it back for immediate redelivery
                 jt.settled("requeue")
-                await self.settler.give_back(delivery)
+                await self.settler.give_back(delivery, job)
                 raise
             if outcome is None:
                 return
@@ -200,7 +204,11 @@ class JobPath:
         """The handler's outcome under the job's lease; None when another holder has it."""
         jt = run.trace
         lease_started = now_ns() if self.tel.tracing else 0
-        taken = await self.take_lease(lease, delivery, waited)
+        try:
+            taken = await self.take_lease(lease, delivery, waited)
+        except JobCancelled:  # cancelled before it started: end it, unrun
+            await self.settler.end_unrun(task, delivery, job, None, "cancelled", jt)
+            return None
         if not taken:
             if taken is False:  # None: handed back after a lost connection, not refused
                 self.stats.lease_busy += 1
@@ -212,13 +220,12 @@ class JobPath:
             if job.key is not None and await self.broker.is_completed(job):
                 outcome = Outcome("skip")
             else:
-                outcome = await self._handle(job, task, payload, lease, jt)
+                outcome = await self._handle(run, task, payload)
             lease.hand_over()
         return outcome
 
-    async def _handle(
-        self, job: Job, task: Task[Any], payload: Any, lease: Lease, jt: JobTrace
-    ) -> Outcome:
+    async def _handle(self, run: RunningJob, task: Task[Any], payload: Any) -> Outcome:
+        job, jt = run.job, run.trace
         if log.isEnabledFor(logging.DEBUG):  # the fields cost a dict per job
             log.debug(
                 "job %s (%s) attempt %d started",
@@ -229,7 +236,7 @@ class JobPath:
             )
         began = time.perf_counter()
         with jt.handler() as span:
-            outcome = await run_handler(task, payload, Context(job, lease, self.host))
+            outcome = await run_handler(task, payload, run.ctx)
             if outcome.kind == "ok" and task.options.invalidates is not None:
                 outcome = await self._invalidate(task, payload)
             if outcome.error is not None and span is not None:
@@ -277,9 +284,16 @@ class JobPath:
         return True
 
     async def _keep_alive(self, delivery: Delivery, job_id: str) -> bool:
-        alive = await self.broker.keep_alive(delivery)
+        """Run with each renewal of the job's lease: keep the delivery ours, publish the
+        new lease expiry, and stop the handler when ``app.cancel`` asked for it (sent in
+        the same round trip)."""
+        alive, cancel = await asyncio.gather(
+            self.broker.keep_alive(delivery), self.broker.cancel_requested(job_id)
+        )
         if alive:
             self.running.refresh(job_id)
+            if cancel:
+                self.running.cancel(job_id)
         return alive
 
     async def _invalidate(self, task: Task[Any], payload: Any) -> Outcome:

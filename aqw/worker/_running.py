@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..brokers.base import Broker
+from ..context import Context
 from ..job import Job
 from ..lease import Lease
 from ..telemetry import JobTrace
@@ -28,6 +29,8 @@ class WorkerStats:
     requeued: int = 0
     malformed: int = 0
     duplicates_skipped: int = 0
+    cancelled: int = 0
+    expired: int = 0
     stuck: int = 0
     loop_blocked: int = 0  # event-loop stalls the watchdog saw (``_watchdog.py``)
 
@@ -38,16 +41,16 @@ class WorkerStats:
 class RunningJob:
     """A job while it runs here: what ``app.job_status`` and the watchdog see."""
 
-    __slots__ = ("job", "lease", "message", "progress", "published", "started", "trace")
+    __slots__ = ("ctx", "job", "lease", "message", "progress", "started", "trace")
 
-    def __init__(self, job: Job, lease: Lease, trace: JobTrace) -> None:
+    def __init__(self, job: Job, lease: Lease, trace: JobTrace, ctx: Context) -> None:
         self.job = job
         self.lease = lease
         self.trace = trace
+        self.ctx = ctx
         self.started = time.time()
         self.progress = 0.0
         self.message = ""
-        self.published = False
 
     def state(self, worker: str) -> dict[str, str]:
         return {
@@ -64,10 +67,6 @@ class RunningJob:
         }
 
 
-#: A job's running state is published once it has run this long (or reports progress),
-#: so the many short jobs cost no extra round trips.
-STATE_AFTER = 0.5
-
 #: Jobs that ended lately, remembered (with when) for the blocked-loop watchdog: a handler
 #: that blocks the loop may end before the watchdog wakes to name it.
 ENDED_KEPT = 32
@@ -81,9 +80,9 @@ def vars_of(obj: Any) -> dict[str, Any]:
 class RunningJobs:
     """The jobs running in one worker, by job id, and the publishing of their state.
 
-    A job's state is published (``broker.set_job_state``) once it has run ``STATE_AFTER``
-    seconds or reports progress, refreshed with each lease renewal, and cleared when it ends;
-    it expires with the lease, so a dead worker's jobs do not show as running for ever."""
+    A job's record reads ``running`` from the step that took its lease; its lease expiry is
+    published again (``broker.set_job_state``) with each renewal and its progress when it
+    reports some, and its settle step writes how it ended."""
 
     def __init__(
         self, broker: Broker, worker: str, spawn: Callable[[Awaitable[Any]], None]
@@ -113,34 +112,28 @@ class RunningJobs:
         self._runs[run.job.id] = run
 
     def finish(self, run: RunningJob) -> None:
-        """The job ended here: forget it and clear its published state."""
+        """The job ended here: forget it."""
         if self._runs.get(run.job.id) is run:
             del self._runs[run.job.id]
             self._ended.append((time.monotonic(), run))
-        if run.published:
-            self._spawn(self._broker.clear_job_state(run.job.id))
 
     def ended_since(self, when: float) -> list[RunningJob]:
         """Jobs (of the last ``ENDED_KEPT``) that ended at or after ``when`` (monotonic)."""
         return [run for ended, run in self._ended if ended >= when]
 
-    def publish_due(self) -> None:
-        """Publish the state of jobs that have now run ``STATE_AFTER`` seconds (checked by
-        the heartbeat loop, so short jobs cost no timer and no round trip)."""
-        horizon = time.time() - STATE_AFTER
-        for run in list(self._runs.values()):
-            if not run.published and run.started <= horizon:
-                run.published = True
-                self._spawn(self.publish(run))
-
     def refresh(self, job_id: str) -> None:
-        """Publish a published job's state again (its lease was renewed)."""
+        """Publish a running job's state again (its lease was renewed)."""
         run = self._runs.get(job_id)
-        if run is not None and run.published:
+        if run is not None:
             self._spawn(self.publish(run))
 
+    def cancel(self, job_id: str) -> None:
+        """``app.cancel`` asked for the running job ``job_id`` to stop: stop its handler."""
+        run = self._runs.get(job_id)
+        if run is not None:
+            run.ctx.mark_cancelled()
+
     async def publish(self, run: RunningJob) -> None:
-        run.published = True
         await self._broker.set_job_state(run.job.id, run.state(self._worker), run.lease.ttl)
 
     async def report_progress(self, job_id: str, fraction: float, message: str) -> None:

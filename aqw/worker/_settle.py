@@ -14,53 +14,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
-from .._redact import redact_traceback, user_traceback
-from ..brokers.base import Broker, Delivery, Failure
+from ..brokers.base import Broker, Delivery, Failure, Finish
 from ..context import job_fields
 from ..errors import Retry
 from ..job import Job
 from ..lease import Lease
 from ..task import Task
 from ..telemetry import ATTR_DLQ_REASON, ATTR_RETRY_DELAY, JobTrace, Telemetry
+from ._attempts import failure_of, log_traceback, next_attempt
 from ._backoff import with_retries
-from ._failures import ErrorTracker, RunawayGuard
+from ._failures import ErrorTracker, RunawayGuard, fingerprint
 from ._handler import Outcome, describe
 from ._running import WorkerStats
 from ._stats import SlidingStats
 
 log = logging.getLogger("aqw.worker")
-
-#: The header a retried job carries: when it first failed (seconds since the epoch).
-FIRST_FAILURE = "aqw-first-failure"
-
-#: Longest traceback a log line carries (its last characters: the innermost frames).
-LOG_TRACEBACK_CHARS = 4000
-
-
-def first_failure(job: Job) -> float:
-    """When the job first failed (seconds since the epoch), or 0.0: the header is written by
-    this worker but travels with the message, so it is read leniently."""
-    raw = job.headers.get(FIRST_FAILURE)
-    try:
-        value = float(raw) if raw else 0.0
-    except ValueError:
-        return 0.0
-    # Past 1e11 s (the year 5138) it is not a time this worker wrote.
-    return value if math.isfinite(value) and 0 < value < 1e11 else 0.0
-
-
-def next_attempt(job: Job) -> Job:
-    """The job's next attempt, remembering when it first failed."""
-    headers = dict(job.headers)
-    if not first_failure(job):
-        headers[FIRST_FAILURE] = repr(time.time())
-    return job.model_copy(update={"attempt": job.attempt + 1, "headers": headers})
 
 
 class Settler:
@@ -111,17 +84,24 @@ class Settler:
         outcome: Outcome,
         jt: JobTrace,
     ) -> None:
-        """Act on the handler's outcome: ack (or skip), retry with backoff, or dead-letter."""
+        """Act on the handler's outcome: ack (or skip), retry with backoff, dead-letter, or
+        end a cancelled job."""
         if outcome.kind in ("ok", "skip"):
-            await self._ack(task, delivery, job, lease, outcome.kind, jt)
+            await self._ack(task, delivery, job, lease, outcome, jt)
+            return
+        if outcome.kind == "cancelled":
+            await self.end_unrun(task, delivery, job, lease, "cancelled", jt)
             return
         error = outcome.error
         assert error is not None
         self.stats.failed += 1
         self.window.count("failed")
         self.tel.count("aqw.jobs.failed", task.name)
-        if not isinstance(error, Retry):  # a requested retry is not an error
-            self.errors.record(error, task.name, getattr(task.fn, "__code__", None))
+        code = getattr(task.fn, "__code__", None)
+        if isinstance(error, Retry):  # a requested retry is not an error
+            fp = fingerprint(error, code)
+        else:
+            fp = self.errors.record(error, task.name, code)
         policy = task.options.retry
         if outcome.kind == "retry" and policy.retries_left(job.attempt):
             delay = outcome.delay
@@ -137,7 +117,8 @@ class Settler:
                 "" if isinstance(error, Retry) else self.log_traceback(error),
                 extra=job_fields(job),
             )
-            if await self.retry(delivery, job, delay, lease):
+            failure = self.failure(job, error, fingerprint=fp)
+            if await self.retry(delivery, job, delay, lease, failure):
                 jt.settled("retry", {ATTR_RETRY_DELAY: delay})
                 self.tel.count("aqw.jobs.retried", task.name)
                 self.runaway.record(task.name, True)
@@ -145,13 +126,38 @@ class Settler:
                 self.lost(job)
             return
         self.runaway.record(task.name, False)
-        if await self.dead_letter(delivery, job, error, lease) is not None:
+        if not task.options.dead_letter:
+            await self._fail(task, delivery, job, lease, error, fp, jt)
+            return
+        entry = await self.dead_letter(
+            delivery, job, error, lease, fingerprint=fp, keep_for=task.options.keep_for
+        )
+        if entry is not None:
             jt.settled("dead_letter", {ATTR_DLQ_REASON: describe(error)})
 
     async def _ack(
-        self, task: Task[Any], delivery: Delivery, job: Job, lease: Lease, kind: str, jt: JobTrace
+        self,
+        task: Task[Any],
+        delivery: Delivery,
+        job: Job,
+        lease: Lease,
+        outcome: Outcome,
+        jt: JobTrace,
     ) -> None:
-        ack = partial(self.broker.ack, delivery, job, lease, self.record_ttl)
+        kind = outcome.kind
+        result, note = None, ""
+        if kind == "ok" and task.options.keep_result:
+            result, note = task.results.dump(outcome.value, task.options.max_result_bytes)
+            if note:
+                log.warning(
+                    "job %s (%s): %s; it succeeded, its result is not kept",
+                    job.id,
+                    job.task,
+                    note,
+                    extra=job_fields(job),
+                )
+        finish = Finish("succeeded", task.options.keep_for, result, note)
+        ack = partial(self.broker.ack, delivery, job, lease, self.record_ttl, finish)
         if not await self.step(ack):
             self.lost(job)
             return
@@ -173,9 +179,73 @@ class Settler:
             self.tel.count("aqw.jobs.processed", task.name)
             self.runaway.record(task.name, False)
 
-    async def retry(self, delivery: Delivery, job: Job, delay: float, lease: Lease | None) -> bool:
+    async def _fail(
+        self,
+        task: Task[Any],
+        delivery: Delivery,
+        job: Job,
+        lease: Lease,
+        error: BaseException,
+        fp: str,
+        jt: JobTrace,
+    ) -> None:
+        """A job of a task that keeps no dead letters failed for good: ack it as failed."""
+        failure = self.failure(job, error, fingerprint=fp)
+        finish = Finish("failed", task.options.keep_for, failure=failure)
+        ack = partial(self.broker.ack, delivery, job, lease, 0.0, finish)
+        if not await self.step(ack):
+            self.lost(job)
+            return
+        jt.settled("ack", {ATTR_DLQ_REASON: describe(error)})
+        log.error(
+            "job %s (%s) attempt %d failed for good (its task keeps no dead letters): %s%s",
+            job.id,
+            job.task,
+            job.attempt,
+            failure.error,
+            self.log_traceback(error),
+            extra=job_fields(job),
+        )
+
+    async def end_unrun(
+        self,
+        task: Task[Any] | None,
+        delivery: Delivery,
+        job: Job,
+        lease: Lease | None,
+        state: str,
+        jt: JobTrace | None = None,
+    ) -> bool:
+        """End a job that was cancelled (before or while running) or expired before it
+        started: ack it with that state, never retried, never dead-lettered."""
+        keep_for = task.options.keep_for if task is not None else Finish().keep_for
+        ack = partial(self.broker.ack, delivery, job, lease, 0.0, Finish(state, keep_for))
+        if not await self.step(ack):
+            self.lost(job)
+            return False
+        if jt is not None:
+            jt.settled(state)
+        if state == "expired":
+            self.stats.expired += 1
+            how = "expired before it started; not run"
+        else:
+            self.stats.cancelled += 1
+            how = "cancelled while running" if lease is not None else "cancelled; not run"
+        self.tel.count(f"aqw.jobs.{state}", job.task)
+        log.info("job %s (%s) %s", job.id, job.task, how, extra=job_fields(job))
+        return True
+
+    async def retry(
+        self,
+        delivery: Delivery,
+        job: Job,
+        delay: float,
+        lease: Lease | None,
+        failure: Failure | None = None,
+    ) -> bool:
         """Replace the delivery with the job's next attempt, due in ``delay`` seconds."""
-        step = partial(self.broker.retry, delivery, next_attempt(job), time.time() + delay, lease)
+        due = time.time() + delay
+        step = partial(self.broker.retry, delivery, next_attempt(job), due, lease, failure)
         ok = await self.step(step)
         if ok:
             self.stats.retried += 1
@@ -190,24 +260,20 @@ class Settler:
         lease: Lease | None = None,
         *,
         payload_error: bool = False,
+        fingerprint: str = "",
+        keep_for: float | None = None,
     ) -> str | None:
         """Move the delivery to the DLQ with the reason (``job`` None: it did not decode) and
         log it at ERROR with the new entry's id; that id, or None when the step was refused
         (counted and logged as a lost lease) or could not be sent in time."""
-        reason = describe(error, payload_error)
-        failure = Failure(
-            error_type=type(error).__name__,
-            error=reason,
-            traceback=self._traceback(error),
-            worker=self.worker,
-            first_failed_at=first_failure(job) if job else 0.0,
-            failed_at=time.time(),
-        )
+        failure = self.failure(job, error, payload_error, fingerprint)
+        reason = failure.error
         attempts = job.attempt if job else delivery.delivery_count
+        keep = keep_for if keep_for is not None else Finish().keep_for
         entry: list[str] = []
 
         async def send() -> bool:
-            got = await self.broker.dead_letter(delivery, job, failure, attempts, lease)
+            got = await self.broker.dead_letter(delivery, job, failure, attempts, lease, keep)
             if got is not None:
                 entry.append(got)
             return got is not None
@@ -243,10 +309,10 @@ class Settler:
             )
         return entry[0]
 
-    async def give_back(self, delivery: Delivery) -> None:
+    async def give_back(self, delivery: Delivery, job: Job | None = None) -> None:
         """Hand an unfinished delivery back for immediate redelivery (a shutdown, or a lease
         that could not be taken): the same attempt, no attempt spent."""
-        give = asyncio.ensure_future(self.broker.requeue(delivery, None))
+        give = asyncio.ensure_future(self.broker.requeue(delivery, None, job))
         try:
             if await asyncio.shield(give):
                 self.stats.requeued += 1
@@ -309,16 +375,15 @@ class Settler:
         return await with_retries(step, within=self.within, transient=self.broker.transient_errors)
 
     def log_traceback(self, error: BaseException) -> str:
-        """``error``'s traceback for a log line, after a newline: redacted as the DLQ's is,
-        cut to its last ``LOG_TRACEBACK_CHARS``; empty for an error that was never raised."""
-        if error.__traceback__ is None:
-            return ""
-        text = self._traceback(error).rstrip("\n")
-        if len(text) > LOG_TRACEBACK_CHARS:
-            text = "... (cut)\n" + text[-LOG_TRACEBACK_CHARS:]
-        return "\n" + text
+        """``error``'s traceback for a log line (``log_traceback``)."""
+        return log_traceback(error, self.redact)
 
-    def _traceback(self, error: BaseException) -> str:
-        if self.redact:
-            return redact_traceback(error, limit=8000)
-        return user_traceback(error)[-8000:]
+    def failure(
+        self,
+        job: Job | None,
+        error: BaseException,
+        payload_error: bool = False,
+        fingerprint: str = "",
+    ) -> Failure:
+        """What is recorded of a failed attempt (``failure_of``)."""
+        return failure_of(job, error, self.worker, self.redact, payload_error, fingerprint)

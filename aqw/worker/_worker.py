@@ -31,7 +31,7 @@ from ._intake import Intake
 from ._job_path import JobPath
 from ._locks import ResourceLock
 from ._outage import Outage
-from ._running import STATE_AFTER, RunningJobs, WorkerStats
+from ._running import RunningJobs, WorkerStats
 from ._settle import Settler
 from ._slots import Slots
 from ._stats import SlidingStats
@@ -39,6 +39,9 @@ from ._stopping import Stopping
 from ._watchdog import LoopWatchdog
 
 log = logging.getLogger("aqw.worker")
+
+#: Seconds between the heartbeat loop's checks for stuck jobs.
+STUCK_CHECK = 0.25
 
 
 class WorkerApp(Protocol):
@@ -312,11 +315,9 @@ class Worker:
 
     async def _heartbeat_loop(self) -> None:
         """Publish this worker's summary every ``heartbeat`` seconds; several times a second,
-        publish the state of jobs that have run a while and watch for stuck jobs (running
-        longer than twice their task's ``sla``)."""
+        watch for stuck jobs (running longer than twice their task's ``sla``)."""
         last_beat = 0.0
         while not self._stop.is_set():
-            self.running.publish_due()
             report_stuck(self)
             now = time.monotonic()
             if now - last_beat >= self.heartbeat:
@@ -331,7 +332,7 @@ class Worker:
                     self.outage.failed("publishing the worker heartbeat", exc)
                 else:
                     self.outage.ok()
-            await asyncio.sleep(min(self.heartbeat, STATE_AFTER / 2))
+            await asyncio.sleep(min(self.heartbeat, STUCK_CHECK))
 
     def _gauges(self) -> list[tuple[str, float, dict[str, Any]]]:
         readings = [

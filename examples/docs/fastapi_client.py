@@ -1,5 +1,5 @@
 """Drive the example FastAPI app (examples/fastapi_app.py) in-process: the lifespan starts
-the worker, a POST enqueues a job, GET /jobs/{id} follows it to completion.
+the worker, a POST enqueues a job, GET /jobs/{id}/result waits for its result.
 
 Needs the fastapi extra plus httpx and asgi-lifespan (all in aqw[dev]).
 """
@@ -26,13 +26,10 @@ async def main() -> None:
             accepted = (await client.post("/jobs", json=body)).json()
             print("accepted:", accepted)
 
-            for _ in range(100):
-                reply = await client.get(accepted["status"])
-                if reply.status_code == 200 and reply.json()["state"] == "completed":
-                    break
-                await asyncio.sleep(0.05)
-            print("finished:", reply.json()["result"]["name"])
-            assert reply.json()["state"] == "completed"
+            reply = await client.get(accepted["status"] + "/result", params={"wait": 5})
+            print("finished:", reply.json()["name"])  # waited without polling
+            state = (await client.get(accepted["status"])).json()["state"]
+            assert reply.status_code == 200 and state == "succeeded"
 
             bad = await client.post("/jobs", json={"name": ""})
             assert bad.status_code == 422  # validated before anything is enqueued

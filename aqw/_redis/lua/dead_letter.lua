@@ -1,8 +1,15 @@
 -- Move a job to the dead-letter stream, acknowledge and delete its entry and release its lease
 -- in one step. The DLQ is capped: past ARGV[4] entries the oldest are trimmed and counted.
--- KEYS[1] stream, KEYS[2] dlq stream, KEYS[3] lease key, KEYS[4] stats hash
+-- The job's record (aqw/record.py) reads dead in the same step (its end, last error and the
+-- new DLQ entry's id in dlq_entry), lives the given keep time, leaves the running index, and
+-- whoever waits for it is woken (as in ack.lua). No record is written for a message that
+-- did not decode (no job id), nor into a record key of another type than a hash.
+-- KEYS[1] stream, KEYS[2] dlq stream, KEYS[3] lease key, KEYS[4] stats hash, KEYS[5] job
+--   record, KEYS[6] waiters set, KEYS[7] running index
 -- ARGV[1] group, ARGV[2] lease token ('' for none), ARGV[3] entry id ('' when not from the stream),
--- ARGV[4] DLQ size limit, ARGV[5] consumer, ARGV[6..] field/value pairs of the DLQ entry
+-- ARGV[4] DLQ size limit, ARGV[5] consumer, ARGV[6] job id ('' for none), ARGV[7] record ttl
+-- in ms, ARGV[8] count n of the record's field/value values, ARGV[9 .. 8 + n] those values,
+-- ARGV[9 + n ..] field/value pairs of the DLQ entry
 -- Returns the DLQ entry id, or false when refused (another holder owns the lease, or the lease
 -- key is absent and the entry is no longer pending to this consumer: another claimed it).
 local cur = redis.call('GET', KEYS[3])
@@ -19,11 +26,8 @@ end
 if ARGV[3] ~= '' and redis.call('XACK', KEYS[1], ARGV[1], ARGV[3]) == 0 then
   return false
 end
-local fields = {}
-for i = 6, #ARGV do
-  fields[#fields + 1] = ARGV[i]
-end
-local id = redis.call('XADD', KEYS[2], '*', unpack(fields))
+local n = tonumber(ARGV[8])
+local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 9 + n))
 if ARGV[3] ~= '' then
   redis.call('XDEL', KEYS[1], ARGV[3])
 end
@@ -35,5 +39,22 @@ local limit = tonumber(ARGV[4])
 if limit > 0 and redis.call('XLEN', KEYS[2]) > limit then
   local trimmed = redis.call('XTRIM', KEYS[2], 'MAXLEN', limit)
   redis.call('HINCRBY', KEYS[4], 'dlq_trimmed', trimmed)
+end
+local job = ARGV[6]
+if job ~= '' then
+  local was = redis.pcall('HGET', KEYS[5], 'state')
+  if type(was) ~= 'table' then
+    redis.call('HSET', KEYS[5], 'state', 'dead', 'dlq_entry', id, unpack(ARGV, 9, 8 + n))
+    redis.call('PEXPIRE', KEYS[5], ARGV[7])
+    local inboxes = redis.pcall('SMEMBERS', KEYS[6])
+    if not inboxes.err and #inboxes > 0 then
+      for _, inbox in ipairs(inboxes) do
+        redis.pcall('RPUSH', inbox, job)
+        redis.pcall('PEXPIRE', inbox, 300000)
+      end
+      redis.call('DEL', KEYS[6])
+    end
+  end
+  redis.call('ZREM', KEYS[7], job)
 end
 return id

@@ -1,7 +1,11 @@
 -- Enqueue a job under an idempotency key: at most one job per key while its record lives.
--- The check and the write are one step, so concurrent producers cannot both enqueue.
--- KEYS[1] idempotency record, KEYS[2] stream, KEYS[3] delayed zset, KEYS[4] completion record
--- ARGV[1] job id, ARGV[2] record ttl in ms, ARGV[3] job JSON, ARGV[4] due time in ms (0: now)
+-- The check and the write are one step, so concurrent producers cannot both enqueue. The
+-- job's record (aqw/record.py) is written in the same step, as enqueue.lua writes it.
+-- KEYS[1] idempotency record, KEYS[2] stream, KEYS[3] delayed zset, KEYS[4] completion record,
+-- KEYS[5] the job's record
+-- ARGV[1] job id, ARGV[2] idempotency record ttl in ms, ARGV[3] job JSON, ARGV[4] due time in
+-- ms (0: now), ARGV[5] run_at (seconds; '' unless due later), ARGV[6] task, ARGV[7] attempts,
+-- ARGV[8] enqueued_at, ARGV[9] expires_at ('' none), ARGV[10] key, ARGV[11] job record ttl ms
 -- Returns {job id, 1 if the key already had a job (nothing written) else 0}.
 local existing = redis.call('GET', KEYS[1])
 if existing then
@@ -18,4 +22,14 @@ if tonumber(ARGV[4]) > 0 then
 else
   redis.call('XADD', KEYS[2], '*', 'j', ARGV[3])
 end
+local rec = KEYS[5]
+redis.call('DEL', rec)
+if ARGV[5] ~= '' then
+  redis.call('HSET', rec, 'state', 'delayed', 'run_at', ARGV[5])
+else
+  redis.call('HSET', rec, 'state', 'queued')
+end
+redis.call('HSET', rec, 'task', ARGV[6], 'attempts', ARGV[7], 'enqueued_at', ARGV[8],
+  'expires_at', ARGV[9], 'key', ARGV[10])
+redis.call('PEXPIRE', rec, ARGV[11])
 return {ARGV[1], 0}

@@ -64,6 +64,11 @@ class SQSUnavailable(BrokerUnavailable, ConnectionError):
     """SQS could not be reached, or throttled the call: the runtime retries with backoff."""
 
 
+class RecordsUnavailable(BrokerUnavailable, ConnectionError):
+    """The ``records=`` store of idempotency keys could not be reached: the runtime retries
+    with backoff."""
+
+
 def error_code(exc: BaseException) -> str:
     response = getattr(exc, "response", None)
     return str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""

@@ -1,0 +1,94 @@
+"""Checks and conversions of the App's arguments: caps, durations, run and expiry times."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from .errors import ConfigError, PayloadTooLarge
+from .job import Job
+
+
+def check_payload_cap(value: object, what: str) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigError(f"{what} must be a positive integer (bytes) or None, got {value!r}")
+
+
+def check_seconds(value: object, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e9:
+        raise ConfigError(f"{what} must be a number of seconds > 0, got {value!r}")
+
+
+def expires_at_of(expires: float | datetime | None) -> float | None:
+    if expires is None:
+        return None
+    if isinstance(expires, datetime):
+        return (expires if expires.tzinfo else expires.replace(tzinfo=UTC)).timestamp()
+    if isinstance(expires, bool) or not isinstance(expires, int | float) or not 0 < expires < 1e9:
+        raise ConfigError(f"enqueue: expires must be seconds > 0 or a datetime, got {expires!r}")
+    return time.time() + expires
+
+
+def check_sizes(task: str, limit: int | None, jobs: Sequence[Job]) -> None:
+    """Refuse the whole batch when one encoded job is over ``limit`` (nothing is written)."""
+    if limit is None:
+        return
+    for i, job in enumerate(jobs):
+        size = len(job.encode())
+        if size > limit:
+            where = f" (payload {i + 1} of {len(jobs)})" if len(jobs) > 1 else ""
+            raise PayloadTooLarge(task, size, limit, where=where)
+
+
+def run_at_of(delay: float | None, at: datetime | None) -> float | None:
+    if delay:
+        return time.time() + delay
+    if at is not None:
+        if at.tzinfo is None:
+            at = at.replace(tzinfo=UTC)
+        return at.timestamp()
+    return None
+
+
+def check_task_options(
+    task: str,
+    *,
+    lease_ttl: float,
+    timeout: float | None,
+    sla: float | None,
+    max_payload_bytes: int | None,
+    max_result_bytes: int | None,
+    keep_for: float | None,
+    flags: dict[str, object],
+) -> None:
+    """Refuse a bad ``@app.task(...)`` option with a message naming the task and option."""
+    if lease_ttl <= 0:
+        raise ConfigError(f"task {task!r}: lease_ttl must be > 0, got {lease_ttl!r}")
+    if timeout is not None and timeout <= 0:
+        raise ConfigError(f"task {task!r}: timeout must be > 0, got {timeout!r}")
+    if sla is not None and sla <= 0:
+        raise ConfigError(f"task {task!r}: sla must be > 0, got {sla!r}")
+    check_payload_cap(max_payload_bytes, f"task {task!r}: max_payload_bytes")
+    check_payload_cap(max_result_bytes, f"task {task!r}: max_result_bytes")
+    if keep_for is not None:
+        check_seconds(keep_for, f"task {task!r}: keep_for")
+    for flag, value in flags.items():
+        if not isinstance(value, bool):
+            raise ConfigError(f"task {task!r}: {flag} must be True or False, got {value!r}")
+
+
+def enqueue_times(
+    key: str | None,
+    delay: float | None,
+    at: datetime | None,
+    expires: float | datetime | None,
+) -> tuple[float | None, float | None]:
+    """Check ``enqueue``'s key, delay, at and expires; (its run time, its expiry time)."""
+    if delay is not None and at is not None:
+        raise ConfigError("enqueue: pass either delay= or at=, not both")
+    if delay is not None and delay < 0:
+        raise ConfigError(f"enqueue: delay must be >= 0 seconds, got {delay!r}")
+    if key is not None and (not key or len(key) > 1000):
+        raise ConfigError("enqueue: key must be a non-empty string of at most 1000 chars")
+    return run_at_of(delay, at), expires_at_of(expires)
