@@ -181,6 +181,7 @@ class LocalRecords:
             lease_expires_at=repr(lease_expires_at),
             progress="",
             message="",
+            run_at="",
         )
         self._put(job.id, fields, UNFINISHED_KEEP)
 
@@ -221,13 +222,13 @@ class LocalRecords:
 
     def replayed(self, job: Job) -> None:
         """A dead job put back on the queue (``dlq_replay``) waits in it again; its record
-        keeps its story (attempts, last error) but no longer names a DLQ entry."""
+        keeps its story (attempts, last error) but not its end, DLQ entry or cancel request."""
         fields = self._get(job.id)
         if fields is None:
             self.enqueued(job)
             return
-        cleared = {"state": "queued", "run_at": "", "finished_at": "", "dlq_entry": ""}
-        self._put(job.id, {**fields, **cleared}, UNFINISHED_KEEP)
+        cleared = dict.fromkeys(("run_at", "finished_at", "dlq_entry", "cancel"), "")
+        self._put(job.id, {**fields, **cleared, "state": "queued"}, UNFINISHED_KEEP)
 
     def finish(self, job: Job, state: str, fields: Mapping[str, str], keep_for: float) -> None:
         """Record the job's end and wake whoever waits for it."""

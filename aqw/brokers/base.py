@@ -335,9 +335,8 @@ class Broker(abc.ABC):
         limit) without polling. Raises ``aqw.UnknownJob`` (no record) or ``TimeoutError``."""
         return await self.local_records.wait(job_id, timeout)
 
-    # -- running-job states: the records of running jobs. A job counts as running while its
-    # record reads ``running`` and its lease expired at most ``LEASE_GRACE`` ago (past that
-    # its worker died); a state has the shape of ``RunningJob.state`` (aqw/worker).
+    # -- running-job states (shaped as ``RunningJob.state``), read from the records: a job runs
+    # while its record says so and its lease lapsed at most ``LEASE_GRACE`` ago (its worker died)
 
     async def set_job_state(self, job_id: str, state: dict[str, str], ttl: float) -> None:
         """Write ``state``'s progress, message and lease expiry into the job's record while
@@ -346,6 +345,7 @@ class Broker(abc.ABC):
 
     async def clear_job_state(self, job_id: str) -> None:
         """Nothing to do: the job's end (ack, retry, ...) moved its record on."""
+        return None
 
     async def job_state(self, job_id: str) -> dict[str, str] | None:
         """The state of a running job, or None."""

@@ -10,9 +10,10 @@ differs, the test asserts the documented different behaviour and names the docum
   is the lease, so ``reclaim`` recovers nothing (an unsettled message comes back by itself);
   a retry is a visibility change, so the body cannot change and the next attempt comes from
   ``ApproximateReceiveCount``, which every receive counts (a requeue too); messages hidden by a
-  retry count as in flight; idempotency keys at enqueue raise ``ConfigError``; job states and
-  heartbeats stay in the broker object (``Broker`` defaults, aqw/brokers/base.py); ``depth()``
-  counts are approximate, so they are compared with a bounded wait.
+  retry count as in flight; idempotency keys at enqueue raise ``ConfigError``; job records,
+  running-job states and heartbeats stay in the broker object (``Broker`` defaults,
+  aqw/brokers/base.py); ``depth()`` counts are approximate, so they are compared with a
+  bounded wait.
 
 SQS cases are kept to a handful of messages each: moto is slow under a backlog
 (../shared/FIELD-NOTES.md).
@@ -25,15 +26,18 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from conftest import open_backend
 
 import aqw
-from aqw.brokers.base import Broker, Delivery, Failure
+from aqw.brokers.base import Broker, Delivery, Failure, Finish
 from aqw.brokers.memory import MemoryBroker
 from aqw.brokers.redis import RedisBroker
+from aqw.lease import Lease
+from aqw.record import JobError, JobInfo
 from tests._helpers import eventually
 
 pytestmark = pytest.mark.timeout(30)
@@ -604,33 +608,443 @@ async def test_publish_unique_and_completion_records(contract_broker: Contract) 
     assert await b.is_completed(job(19)) is False
 
 
-# -- running-job states and heartbeats ---------------------------------------------------------
+# -- job records (aqw/record.py) -----------------------------------------------------------------
+#
+# SQS keeps its records in the broker object (the Broker defaults, ``local_records``): each
+# case here runs on one SQS broker instance, where they hold as on the other brokers.
+
+#: The keys of a running-job state (``RunningJob.state``, aqw/worker/_running.py).
+STATE_KEYS = {
+    "state",
+    "job_id",
+    "task",
+    "attempt",
+    "worker",
+    "started_at",
+    "lease_expires_at",
+    "fencing_token",
+    "progress",
+    "message",
+}
 
 
-async def test_job_states_round_trip_and_expire(contract_broker: Contract) -> None:
+async def start(b: Broker, d: Delivery, ttl: float = 30.0) -> tuple[aqw.Job, Lease]:
+    """Take the job lease of ``d``'s job as the worker does (``job_lease_backend``)."""
+    sent = decoded(d)
+    lease = Lease(b.job_lease_backend(sent), b.job_lease_key(sent), ttl=ttl)
+    await lease.acquire()
+    return sent, lease
+
+
+async def rec(b: Broker, job_id: str) -> JobInfo:
+    info = await b.record(job_id)
+    assert info is not None, f"no record of {job_id}"
+    assert info.id == job_id and not info.damaged
+    return info
+
+
+def at(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, UTC)
+
+
+def running(b: Broker, job_id: str, lease: Lease, **changes: str) -> dict[str, str]:
+    """A running-job state of ``job_id`` under ``lease``, as a worker publishes it."""
+    state = {
+        "state": "running",
+        "job_id": job_id,
+        "task": "work",
+        "attempt": "1",
+        "worker": b.consumer,
+        "started_at": repr(time.time()),
+        "lease_expires_at": repr(lease.expires_at),
+        "fencing_token": str(lease.fencing_token),
+        "progress": "0.0",
+        "message": "",
+    }
+    return {**state, **changes}
+
+
+async def test_record_of_a_job_from_queued_to_succeeded(contract_broker: Contract) -> None:
     kit = contract_broker
     b = kit.broker
-    short = {"task": "work", "worker": "w-1", "started_at": "1700000000.5", "attempt": "1"}
-    long = {**short, "attempt": "2"}
-    await b.set_job_state("j-short", short, 0.3)
-    await b.set_job_state("j-long", long, 30)
-    assert await b.job_state("j-short") == short
-    assert await b.job_state("j-long") == long
-    assert await b.job_state("j-none") is None
-    states = await b.job_states()
-    assert sorted(s["attempt"] for s in states) == ["1", "2"]
-    other = await kit.consumer("c2")
+    sent = job(30)
+    await b.publish([sent])
+    queued = await rec(b, sent.id)
+    assert (queued.state, queued.queue, queued.task, queued.attempts) == (
+        "queued",
+        kit.queue,
+        "work",
+        0,
+    )
+    assert queued.enqueued_at == at(sent.enqueued_at)
+    assert (queued.started_at, queued.finished_at, queued.error, queued.key) == (None,) * 4
+    assert not queued.finished and not queued.cancel_requested
+
+    d = await fetch_one(b)
+    before = time.time()
+    got, lease = await start(b, d)
+    after = time.time()
+    run = await rec(b, sent.id)
+    assert (run.state, run.attempts, run.worker) == ("running", 1, "c1")
+    assert run.started_at is not None and at(before - 0.01) <= run.started_at <= at(after + 0.01)
+    assert run.fencing_token == lease.fencing_token > 0
+    assert run.lease_expires_at is not None and run.lease_expires_at > at(after + 20)
+    assert run.enqueued_at == queued.enqueued_at
+
+    finish = Finish("succeeded", keep_for=60, result='{"n": 30}')
+    assert await b.ack(d, got, lease, 0.0, finish) is True
+    done = await rec(b, sent.id)
+    assert (done.state, done.attempts, done.finished) == ("succeeded", 1, True)
+    assert done.has_result and done.result == {"n": 30}
+    assert done.started_at == run.started_at
+    assert done.finished_at is not None and run.started_at <= done.finished_at <= at(time.time())
+    assert await b.cancel(sent.id) == "finished"
+    assert await rec(b, sent.id) == done  # a cancel of a finished job changes nothing
+
+
+async def test_records_of_delayed_and_requeued_jobs(contract_broker: Contract) -> None:
+    kit = contract_broker
+    b = kit.broker
+    later, past = job(31), job(32)
+    due = time.time() + 60
+    await b.schedule([later], due)
+    await b.schedule([past], time.time() - 5)
+    delayed = await rec(b, later.id)
+    assert delayed.state == "delayed" and not delayed.finished
+    assert delayed.run_at is not None and abs(delayed.run_at.timestamp() - due) < 1.0
+    assert (await rec(b, past.id)).state == "queued"
+
+    d = await fetch_one(b, within=3)
+    got, lease = await start(b, d)
+    assert got.id == past.id and (await rec(b, past.id)).state == "running"
+    assert await b.requeue(d, lease, got) is True
+    back = await rec(b, past.id)
+    assert (back.state, back.attempts) == ("queued", 1)  # its story stays: it ran once
+
+
+async def test_publish_unique_records_the_job_with_its_key(contract_broker: Contract) -> None:
+    kit = contract_broker
     if kit.sqs:
-        # SQSBroker keeps the Broker defaults (aqw/brokers/base.py): states live in the broker
-        # object, so another broker instance does not see them.
-        assert await other.job_state("j-long") is None
-    else:
-        assert await other.job_state("j-long") == long
-    await b.clear_job_state("j-long")
-    assert await b.job_state("j-long") is None
-    await asyncio.sleep(0.45)
-    assert await b.job_state("j-short") is None
+        pytest.skip("SQS: no idempotency keys at enqueue (docs/brokers/sqs.md)")
+    b = kit.broker
+    keyed = job(33, key="order-33")
+    assert await b.publish_unique(keyed, 60, None) == (keyed.id, False)
+    twin = job(33, key="order-33")
+    assert await b.publish_unique(twin, 60, None) == (keyed.id, True)
+    info = await rec(b, keyed.id)
+    assert (info.state, info.key) == ("queued", "order-33")
+    assert await b.record(twin.id) is None  # the duplicate wrote nothing
+    later = job(34, key="order-34")
+    await b.publish_unique(later, 60, time.time() + 60)
+    assert (await rec(b, later.id)).state == "delayed"
+
+
+async def test_retry_records_the_error_and_the_last_attempt_fails(
+    contract_broker: Contract,
+) -> None:
+    kit = contract_broker
+    b = kit.broker
+    sent = job(35)
+    await b.publish([sent])
+    d = await fetch_one(b)
+    got, lease = await start(b, d)
+    due = time.time() + delay(kit)
+    why = failure(fingerprint="fp-35")
+    assert await b.retry(d, got.next_attempt(), due, lease, why) is True
+    retrying = await rec(b, sent.id)
+    assert (retrying.state, retrying.attempts, retrying.finished) == ("retrying", 1, False)
+    assert retrying.run_at is not None and abs(retrying.run_at.timestamp() - due) < 1.5
+    assert retrying.error == JobError(
+        type="ValueError", message="bad value 7", fingerprint="fp-35", traceback=why.traceback
+    )
+
+    again = await fetch_one(b, within=6)
+    got2, lease2 = await start(b, again)
+    second = await rec(b, sent.id)
+    assert (second.state, second.attempts) == ("running", 2)
+    assert second.fencing_token == lease2.fencing_token > lease.fencing_token
+    last = failure(error_type="KeyError", error="gone", fingerprint="fp-k")
+    assert await b.ack(again, got2, lease2, 0.0, Finish("failed", 60, failure=last)) is True
+    failed = await rec(b, sent.id)
+    assert (failed.state, failed.attempts, failed.finished) == ("failed", 2, True)
+    assert failed.error is not None
+    assert (failed.error.type, failed.error.message, failed.error.fingerprint) == (
+        "KeyError",
+        "gone",
+        "fp-k",
+    )
+    assert failed.dlq_entry is None and not failed.has_result
+
+
+async def test_dead_letter_record_names_the_entry_and_replay_queues_it(
+    contract_broker: Contract,
+) -> None:
+    kit = contract_broker
+    b = kit.broker
+    sent = job(36)
+    await b.publish([sent])
+    d = await fetch_one(b)
+    got, lease = await start(b, d)
+    why = failure(fingerprint="fp-36")
+    entry_id = await b.dead_letter(d, got, why, 1, lease, keep_for=60)
+    assert entry_id
+    dead = await rec(b, sent.id)
+    assert (dead.state, dead.finished, dead.dlq_entry) == ("dead", True, entry_id)
+    assert dead.error == JobError(
+        type="ValueError", message="bad value 7", fingerprint="fp-36", traceback=why.traceback
+    )
+    assert dead.finished_at is not None and dead.attempts == 1
+    [entry] = await b.dlq_list()
+    assert entry.id == entry_id
+
+    assert await b.dlq_replay([(entry_id, sent)]) == 1
+    replayed = await rec(b, sent.id)
+    assert (replayed.state, replayed.finished, replayed.dlq_entry) == ("queued", False, None)
+    assert replayed.finished_at is None
+    again = await fetch_one(b)
+    got, lease = await start(b, again)
+    assert (await rec(b, sent.id)).state == "running"
+    assert await b.ack(again, got, lease) is True  # Finish() by default: succeeded
+    assert (await rec(b, sent.id)).state == "succeeded"
+
+
+async def test_ends_unrun_cancelled_and_expired(contract_broker: Contract) -> None:
+    b = contract_broker.broker
+    old = job(37, expires_at=time.time() - 1)
+    await b.publish([old])
+    d = await fetch_one(b)
+    assert (await rec(b, old.id)).expires_at == at(old.expires_at or 0)
+    assert await b.ack(d, decoded(d), None, 0.0, Finish("expired", 60)) is True
+    expired = await rec(b, old.id)
+    assert (expired.state, expired.finished, expired.started_at) == ("expired", True, None)
+    assert await b.cancel(old.id) == "finished"
+
+
+async def test_cancel_a_queued_job_refuses_its_start(contract_broker: Contract) -> None:
+    b = contract_broker.broker
+    sent = job(38)
+    await b.publish([sent])
+    assert await b.cancel_requested(sent.id) is False
+    assert await b.cancel(sent.id, 60) == "cancelled"
+    cancelled = await rec(b, sent.id)
+    assert (cancelled.state, cancelled.finished, cancelled.cancel_requested) == (
+        "cancelled",
+        True,
+        True,
+    )
+    assert cancelled.finished_at is not None and cancelled.started_at is None
+    assert await b.cancel_requested(sent.id) is True
+    assert await b.cancel(sent.id) == "finished"
+    # Its message is still delivered; its start is refused and takes nothing.
+    d = await fetch_one(b)
+    key = b.job_lease_key(sent)
+    with pytest.raises(aqw.JobCancelled):
+        await b.job_lease_backend(sent).acquire(key, "token-a", 5000)
+    assert await b.lease_backend().renew(key, "token-a", 5000) is False  # no lease was taken
+    assert (await rec(b, sent.id)).started_at is None
+    assert (await b.wait_finished(sent.id, 1)).state == "cancelled"
+    assert await b.ack(d, decoded(d), None, 0.0, Finish("cancelled", 60)) is True
+    assert (await rec(b, sent.id)).state == "cancelled"
+
+
+async def test_cancel_a_running_job_asks_it_to_stop(contract_broker: Contract) -> None:
+    b = contract_broker.broker
+    sent = job(39)
+    await b.publish([sent])
+    d = await fetch_one(b)
+    got, lease = await start(b, d)
+    assert await b.cancel(sent.id) == "cancelling"
+    info = await rec(b, sent.id)
+    assert (info.state, info.cancel_requested, info.finished) == ("running", True, False)
+    assert await b.cancel_requested(sent.id) is True
+    assert await b.cancel(sent.id) == "cancelling"  # asked again: still on its way
+    assert await b.ack(d, got, lease, 0.0, Finish("cancelled", 60)) is True
+    ended = await rec(b, sent.id)
+    assert (ended.state, ended.finished, ended.attempts) == ("cancelled", True, 1)
+
+
+async def test_an_unknown_job_has_no_record(contract_broker: Contract) -> None:
+    b = contract_broker.broker
+    assert await b.record("no-such-job") is None
+    assert await b.cancel("no-such-job") == "unknown"
+    assert await b.cancel_requested("no-such-job") is False
+    assert await b.job_state("no-such-job") is None
+    with pytest.raises(aqw.UnknownJob):
+        await b.wait_finished("no-such-job", 1)
+    with pytest.raises(aqw.UnknownJob):
+        await b.wait_finished("no-such-job", None)
+    assert await b.record("no-such-job") is None  # asking created nothing
+
+
+async def test_wait_finished_returns_wakes_and_times_out(contract_broker: Contract) -> None:
+    kit = contract_broker
+    b = kit.broker
+    first, second = job(40), job(41)
+    await b.publish([first, second])
+    # Several callers wait for one job: every one of them is woken by its ack.
+    waiters = [asyncio.create_task(b.wait_finished(first.id, 10)) for _ in range(3)]
+    if not kit.sqs:  # another broker of the queue waits on the same records
+        other = await kit.consumer("c2")
+        waiters.append(asyncio.create_task(other.wait_finished(first.id, 10)))
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        await b.wait_finished(second.id, 0.3)
+    assert time.monotonic() - t0 >= 0.29
+    assert not any(w.done() for w in waiters)
+
+    deliveries = {decoded(d).id: d for d in await fetch_n(b, 2)}
+    d = deliveries[first.id]
+    got, lease = await start(b, d)
+    await asyncio.sleep(0.05)
+    assert not any(w.done() for w in waiters)  # running is not an end
+    finish = Finish("succeeded", 60, result="[1, 2]")
+    assert await b.ack(d, got, lease, 0.0, finish) is True
+    async with asyncio.timeout(5):
+        ended = await asyncio.gather(*waiters)
+    assert [(i.id, i.state, i.result) for i in ended] == [(first.id, "succeeded", [1, 2])] * len(
+        waiters
+    )
+    # Finished already: at once.
+    t0 = time.monotonic()
+    assert (await b.wait_finished(first.id, 5)).state == "succeeded"
+    assert (await b.wait_finished(first.id, None)).result == [1, 2]
+    assert time.monotonic() - t0 < 1.0
+    # A waiter that gives up (timeout, cancel) leaves nothing behind to wake later.
+    pending = asyncio.create_task(b.wait_finished(second.id, None))
+    await asyncio.sleep(0.05)
+    pending.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await pending
+    d2 = deliveries[second.id]
+    got2, lease2 = await start(b, d2)
+    assert await b.ack(d2, got2, lease2) is True
+    assert (await b.wait_finished(second.id, 1)).state == "succeeded"
+
+
+async def test_records_expire_after_keep_for(contract_broker: Contract) -> None:
+    b = contract_broker.broker
+    acked, dead = job(42), job(43)
+    await b.publish([acked, dead])
+    by_id = {decoded(d).id: d for d in await fetch_n(b, 2)}
+    got, lease = await start(b, by_id[acked.id])
+    waiter = asyncio.create_task(b.wait_finished(acked.id, 10))
+    await asyncio.sleep(0.05)
+    assert await b.ack(by_id[acked.id], got, lease, 0.0, Finish(keep_for=0.3)) is True
+    got2, lease2 = await start(b, by_id[dead.id])
+    assert await b.dead_letter(by_id[dead.id], got2, failure(), 1, lease2, keep_for=0.3)
+    assert (await waiter).state == "succeeded"  # woken with the record as it ended
+    assert (await rec(b, acked.id)).state == "succeeded"
+    assert (await rec(b, dead.id)).state == "dead"
+    await asyncio.sleep(0.5)
+    assert await b.record(acked.id) is None
+    assert await b.record(dead.id) is None
+    assert await b.cancel(acked.id) == "unknown"
+    with pytest.raises(aqw.UnknownJob):
+        await b.wait_finished(dead.id, 1)
+
+
+async def test_a_refused_settle_leaves_the_record_as_it_was(contract_broker: Contract) -> None:
+    b = contract_broker.broker
+    sent = job(44)
+    await b.publish([sent])
+    d = await fetch_one(b)
+    got, lease = await start(b, d)
+    before = await rec(b, sent.id)
+    # Another holder's lease: not the one that holds the job now.
+    stale = Lease(b.job_lease_backend(got), b.job_lease_key(got), ttl=30)
+    assert await b.ack(d, got, stale, 0.0, Finish("succeeded", 60, result="1")) is False
+    assert await rec(b, sent.id) == before
+    assert await b.retry(d, got.next_attempt(), time.time() + 60, stale, failure()) is False
+    assert await rec(b, sent.id) == before
+    assert await b.dead_letter(d, got, failure(), 1, stale) is None
+    assert await rec(b, sent.id) == before
+    assert await b.ack(d, got, lease) is True
+    assert (await rec(b, sent.id)).state == "succeeded"
+
+
+async def test_running_job_states_come_from_the_records(contract_broker: Contract) -> None:
+    kit = contract_broker
+    b = kit.broker
+    sent = job(45)
+    await b.publish([sent])
+    assert await b.job_state(sent.id) is None  # queued: not running
+    d = await fetch_one(b)
+    got, lease = await start(b, d)
+    state = await b.job_state(sent.id)
+    assert state is not None and set(state) == STATE_KEYS
+    assert (state["state"], state["job_id"], state["task"], state["attempt"]) == (
+        "running",
+        sent.id,
+        "work",
+        "1",
+    )
+    assert (state["worker"], state["fencing_token"]) == ("c1", str(lease.fencing_token))
+    assert float(state["progress"]) == 0.0 and state["message"] == ""
+    assert await b.job_states() == [state]
+
+    # Progress, message and lease expiry go into the record; nothing else does.
+    expires = time.time() + 25
+    published = running(
+        b, sent.id, lease, progress="0.5", message="half", lease_expires_at=repr(expires)
+    )
+    await b.set_job_state(sent.id, {**published, "task": "other", "worker": "evil"}, 30)
+    info = await rec(b, sent.id)
+    assert (info.progress, info.message, info.task, info.worker) == (0.5, "half", "work", "c1")
+    assert info.lease_expires_at is not None
+    assert abs(info.lease_expires_at.timestamp() - expires) < 0.01
+    state = await b.job_state(sent.id)
+    assert state is not None and (state["progress"], state["message"]) == ("0.5", "half")
+    if not kit.sqs:  # SQS: in the broker object only
+        other = await kit.consumer("c2")
+        assert await other.job_state(sent.id) == state
+        assert await other.job_states() == [state]
+    # Another fencing token (a holder that lost the job), or none: nothing changes.
+    wrong = str(lease.fencing_token + 1000)
+    await b.set_job_state(sent.id, {**published, "fencing_token": wrong, "progress": "0.9"}, 30)
+    without = {k: v for k, v in published.items() if k != "fencing_token"}
+    await b.set_job_state(sent.id, {**without, "progress": "0.8"}, 30)
+    assert (await rec(b, sent.id)).progress == 0.5
+    await b.clear_job_state(sent.id)  # nothing to do: it still runs
+    assert await b.job_state(sent.id) == state
+
+    # The job ends: no longer running, and a late state never brings it back.
+    assert await b.ack(d, got, lease, 0.0, Finish(keep_for=60)) is True
+    done = await rec(b, sent.id)
+    await b.set_job_state(sent.id, {**published, "progress": "0.99"}, 30)
+    assert await rec(b, sent.id) == done
+    assert done.state == "succeeded" and done.progress == 0.5
+    assert await b.job_state(sent.id) is None
     assert await b.job_states() == []
+    # Nor does a state create a record of a job it does not know.
+    await b.set_job_state("no-such-job", running(b, "no-such-job", lease), 30)
+    assert await b.record("no-such-job") is None
+    assert await b.job_state("no-such-job") is None
+
+
+async def test_a_running_job_whose_lease_lapsed_is_not_running(contract_broker: Contract) -> None:
+    """Its worker died: past its lease's expiry (and a moment) it no longer counts as
+    running, though its record still says running until the job is delivered again."""
+    b = contract_broker.broker
+    alive, gone = job(46), job(47)
+    await b.publish([alive, gone])
+    by_id = {decoded(d).id: d for d in await fetch_n(b, 2)}
+    _, lease_a = await start(b, by_id[alive.id])
+    _, lease_g = await start(b, by_id[gone.id])
+    lapsed = repr(time.time() - 10)
+    await b.set_job_state(gone.id, running(b, gone.id, lease_g, lease_expires_at=lapsed), 30)
+    assert (await rec(b, gone.id)).state == "running"
+    assert await b.job_state(gone.id) is None
+    assert [s["job_id"] for s in await b.job_states()] == [alive.id]
+    assert await b.job_state(alive.id) is not None
+    # Renewed after all (a paused worker came back): running again.
+    renewed = repr(time.time() + 20)
+    await b.set_job_state(gone.id, running(b, gone.id, lease_g, lease_expires_at=renewed), 30)
+    assert sorted(s["job_id"] for s in await b.job_states()) == sorted([alive.id, gone.id])
+    assert len(await b.job_states(limit=1)) == 1
+    assert (await rec(b, alive.id)).fencing_token == lease_a.fencing_token
+
+
+# -- heartbeats (running-job states: see the job records) ---------------------------------------
 
 
 async def test_heartbeats_round_trip_expire_and_withdraw(contract_broker: Contract) -> None:
