@@ -217,6 +217,9 @@ async def test_retry_keeps_the_message_and_counts_receives(
     assert len({job_id for job_id, _ in runs}) == 1
     assert worker.stats.retried == 2
     assert await broker_of(app).stats() == {"retried": 2, "processed": 1}
+    info = await app.job(runs[0][0])  # the record, kept in this process
+    assert info is not None and (info.state, info.attempts) == ("succeeded", 3), info
+    assert info.error is not None and "not yet" in info.error.message  # the last failure's
     await app.close()
 
 

@@ -11,8 +11,10 @@ jobs with an error log; default: the target of the queue's RedrivePolicy), ``wai
 seconds, 0-20, overriding the runtime's block), ``visibility`` (visibility timeout asked for on
 receive; default: the queue's), ``task`` (the task that consumes plain-JSON bodies of other
 producers), ``create=1`` (create missing queues; otherwise a missing queue is a ConfigError),
-``locks`` (a ``redis://`` URL for real leases and fencing next to SQS), ``pool`` (HTTP
-connections, default 50) and ``pollers`` (most concurrent ReceiveMessage calls, default 10).
+``locks`` (a ``redis://`` URL for real leases and fencing next to SQS), ``records`` (a
+``redis://`` or ``postgresql://`` URL: the store of idempotency-key records, which
+``enqueue(key=...)`` needs), ``pool`` (HTTP connections, default 50) and ``pollers`` (most
+concurrent ReceiveMessage calls, default 10).
 
 How aqw's model maps onto SQS:
 
@@ -48,11 +50,17 @@ How aqw's model maps onto SQS:
   Replay sends back to the queue then deletes from the DLQ; delete receives and deletes the
   matching message ids. Messages the queue's RedrivePolicy moved show as
   ``MaxReceiveCountExceeded``.
+- **Idempotency keys** need ``records=``: an enqueue claims the key in that store for 60 s,
+  sends, then keeps the key for the idempotency TTL; the ack writes the completion record
+  before the delete. Steps, schema and failure windows: ``aqw.brokers.sqs._keys``.
+- **Job records** (``app.job``, ``app.result``, ``app.cancel``) are kept in the process, per
+  broker (``Broker.local_records``): the settle steps keep them, but other processes do not
+  see them.
 - A fetch cancelled during a long poll gives whatever the poll still returns back at once.
 """
 
 from ._broker import SQSBroker
-from ._errors import SQSUnavailable
+from ._errors import RecordsUnavailable, SQSUnavailable
 from ._limits import DLQ_SCAN_LIMIT, MAX_BATCH, MAX_DELAY, MAX_VISIBILITY, MAX_WAIT, PEEK_VISIBILITY
 from ._messages import FAILURE, NOT_BEFORE
 
@@ -65,6 +73,7 @@ __all__ = [
     "MAX_WAIT",
     "NOT_BEFORE",
     "PEEK_VISIBILITY",
+    "RecordsUnavailable",
     "SQSBroker",
     "SQSUnavailable",
 ]

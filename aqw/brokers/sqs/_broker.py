@@ -11,12 +11,14 @@ from typing import Any
 from ...errors import ConfigError
 from ...job import Job
 from ...lease import Lease, LeaseBackend
-from ..base import Broker, DeadJob, Delivery, Failure, QueueDepth
+from ...record import DEFAULT_KEEP_FOR
+from ..base import Broker, DeadJob, Delivery, Failure, Finish, QueueDepth
 from ._batching import Batcher
 from ._connection import Connection
 from ._consuming import Consumer
 from ._dead_letters import DeadLetters
 from ._held import HeldMessages
+from ._keys import Keys, KeyStore
 from ._leases import LockStore, VisibilityLeases
 from ._limits import MAX_VISIBILITY, MAX_WAIT
 from ._messages import Entry
@@ -44,6 +46,7 @@ class SQSBroker(Broker):
         default_task: str | None = None,
         create: bool = False,
         lock_store: LeaseBackend | str | None = None,
+        records: KeyStore | str | None = None,
         pool: int = 50,
         pollers: int = 10,
     ) -> None:
@@ -62,10 +65,11 @@ class SQSBroker(Broker):
         )
         held = HeldMessages(lease_prefix=f"aqw:{{{queue}}}:lease:")
         locks = LockStore(lock_store)
+        keys = Keys(queue, records)
         producer = Producer(connection, queues)
         dead_letters = DeadLetters(connection, queues, producer, default_task=default_task)
         self._connection, self._queues, self._held, self._locks = connection, queues, held, locks
-        self._producer, self._dead_letters = producer, dead_letters
+        self._producer, self._dead_letters, self._keys = producer, dead_letters, keys
         self._consumer = Consumer(
             connection,
             queues,
@@ -76,7 +80,9 @@ class SQSBroker(Broker):
             default_task=default_task,
         )
         self._leases = VisibilityLeases(connection, queues, held, locks)
-        self._settler = Settler(connection, queues, held, locks, dead_letters)
+        self._settler = Settler(
+            connection, queues, held, locks, dead_letters, keys, self.local_records
+        )
 
     def __repr__(self) -> str:
         return f"<SQSBroker queue={self.queue!r} fifo={self.fifo} dlq={self.dlq_name!r}>"
@@ -93,6 +99,11 @@ class SQSBroker(Broker):
     def lock_url(self) -> str | None:
         """The ``locks=`` Redis URL of the lock store, when one was given."""
         return self._locks.url
+
+    @property
+    def records_url(self) -> str | None:
+        """The ``records=`` URL of the idempotency-key store, when one was given."""
+        return self._keys.url
 
     @property
     def queue_url(self) -> str:
@@ -191,14 +202,42 @@ class SQSBroker(Broker):
     async def close(self) -> None:
         await self._connection.close()
         self._locks.close()
+        await self._keys.close()
 
     # -- producing and consuming -----------------------------------------------------------
 
     async def publish(self, jobs: Sequence[Job]) -> None:
         await self._producer.publish(jobs)
+        self._enqueued(jobs, None)
 
     async def schedule(self, jobs: Sequence[Job], run_at: float) -> None:
         await self._producer.schedule(jobs, run_at)
+        self._enqueued(jobs, run_at)
+
+    def _enqueued(self, jobs: Sequence[Job], run_at: float | None) -> None:
+        """Record jobs just sent, unless a worker in this process has already taken one up
+        (its record then says more than "queued")."""
+        records = self.local_records
+        for job in jobs:
+            if records.info(job.id) is None:
+                records.enqueued(job, run_at)
+
+    async def publish_unique(self, job: Job, ttl: float, run_at: float | None) -> tuple[str, bool]:
+        """With ``records=``: claim the key in the store, send, keep the key for ``ttl``
+        seconds (see ``aqw.brokers.sqs._keys`` for the windows); without it a ConfigError
+        that says how to add one."""
+
+        async def send() -> None:
+            if run_at is not None:
+                await self.schedule([job], run_at)
+            else:
+                await self.publish([job])
+
+        return await self._keys.publish_unique(job, ttl, send)
+
+    async def is_completed(self, job: Job) -> bool:
+        """True while the key's completion record lives in the ``records=`` store."""
+        return await self._keys.is_completed(job)
 
     async def fetch(self, count: int, block: float) -> list[Delivery]:
         """Up to ``count`` messages. One long poll when the queue looked idle; when a batch came
@@ -222,14 +261,28 @@ class SQSBroker(Broker):
     # -- settling --------------------------------------------------------------------------
 
     async def ack(
-        self, delivery: Delivery, job: Job | None, lease: Lease | None, record_ttl: float = 0.0
+        self,
+        delivery: Delivery,
+        job: Job | None,
+        lease: Lease | None,
+        record_ttl: float = 0.0,
+        finish: Finish | None = None,
     ) -> bool:
-        return await self._settler.ack(delivery, lease)
+        """Delete the message; a keyed job's completion record is written first (``records=``)."""
+        finish = finish or Finish()
+        return await self._settler.ack(delivery, job, lease, record_ttl, finish, self.consumer)
 
-    async def retry(self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None) -> bool:
+    async def retry(
+        self,
+        delivery: Delivery,
+        job: Job,
+        run_at: float,
+        lease: Lease | None,
+        failure: Failure | None = None,
+    ) -> bool:
         """Hide the message for the backoff delay; the next receive is the next attempt (the
         body, and so ``job``, cannot change on SQS)."""
-        return await self._settler.retry(delivery, run_at, lease)
+        return await self._settler.retry(delivery, job, run_at, lease, failure)
 
     async def dead_letter(
         self,
@@ -238,12 +291,15 @@ class SQSBroker(Broker):
         failure: Failure,
         attempts: int,
         lease: Lease | None,
+        keep_for: float = DEFAULT_KEEP_FOR,
     ) -> str | None:
         """The DLQ message's id (the message's own with ``dlq=none``), or None: refused."""
-        return await self._settler.dead_letter(delivery, job, failure, attempts, lease)
+        return await self._settler.dead_letter(delivery, job, failure, attempts, lease, keep_for)
 
-    async def requeue(self, delivery: Delivery, lease: Lease | None) -> bool:
-        return await self._settler.requeue(delivery, lease)
+    async def requeue(
+        self, delivery: Delivery, lease: Lease | None, job: Job | None = None
+    ) -> bool:
+        return await self._settler.requeue(delivery, lease, job)
 
     # -- inspection ------------------------------------------------------------------------
 
@@ -265,7 +321,12 @@ class SQSBroker(Broker):
         return await self._dead_letters.dlq_get(entry_id)
 
     async def dlq_replay(self, entries: Sequence[tuple[str, Job]]) -> int:
-        return await self._dead_letters.dlq_replay(entries)
+        """Replayed jobs read queued again (in this process's records)."""
+        return await self._dead_letters.dlq_replay(entries, self._replayed)
+
+    def _replayed(self, jobs: Sequence[Job]) -> None:
+        for job in jobs:
+            self.local_records.replayed(job)
 
     async def dlq_delete(self, entry_ids: Sequence[str]) -> int:
         return await self._dead_letters.dlq_delete(entry_ids)

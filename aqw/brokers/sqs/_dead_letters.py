@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...job import Job
@@ -106,12 +106,21 @@ class DeadLetters:
                 return self._dead_job(msg)
         return None
 
-    async def dlq_replay(self, entries: Sequence[tuple[str, Job]]) -> int:
+    async def dlq_replay(
+        self,
+        entries: Sequence[tuple[str, Job]],
+        sent: Callable[[Sequence[Job]], None] | None = None,
+    ) -> int:
+        """Send the entries found back to the queue (``sent`` is told which jobs went), then
+        delete them from the DLQ."""
         wanted = dict(entries)
         found = [m for m in await self._dlq_scan(set(wanted)) if m["MessageId"] in wanted]
         try:
             if found:
-                await self._producer.publish([wanted[m["MessageId"]] for m in found])
+                jobs = [wanted[m["MessageId"]] for m in found]
+                await self._producer.publish(jobs)
+                if sent is not None:
+                    sent(jobs)
                 await self._dlq_settle(found)
         finally:
             await self._dlq_release(found)

@@ -74,12 +74,16 @@ class HeldMessages(Mapping[str, Held]):
             del self._keys[held.key]
         return held
 
+    def owns(self, delivery: Delivery, lease: Lease | None) -> bool:
+        """False when another holder runs ``delivery``'s job (``take`` would refuse it)."""
+        held = self._held.get(delivery.id)
+        return held is None or lease is None or held.token in (None, lease.token)
+
     def take(self, delivery: Delivery, lease: Lease | None) -> Held | None:
         """Stop tracking ``delivery``; its receipt, or None when another holder runs its job."""
-        held = self._held.get(delivery.id)
-        if held is not None and lease is not None and held.token not in (None, lease.token):
+        if not self.owns(delivery, lease):
             return None
-        self.forget(delivery.id)
+        held = self.forget(delivery.id)
         if held is None:
             now = time.monotonic()
             held = Held(str(delivery.receipt), None, delivery.delivery_count, now, now)

@@ -106,8 +106,13 @@ def open_store(url: str) -> KeyStore:
     """The store of a ``records=`` URL (nothing is connected yet)."""
     if scheme_of(check_records_url(url)) in REDIS_SCHEMES:
         return RedisKeyStore(url)
-    from ._keys_pg import PostgresKeyStore  # asyncpg: the optional 'postgres' extra
-
+    try:
+        from ._keys_pg import PostgresKeyStore  # asyncpg: the optional 'postgres' extra
+    except ImportError as exc:
+        raise ConfigError(
+            f"sqs:// option records={scheme_of(url)}://... needs asyncpg: "
+            f"pip install 'aqw[sqs,postgres]' ({exc})"
+        ) from exc
     return PostgresKeyStore(url)
 
 
@@ -120,7 +125,8 @@ class Keys:
         #: The ``records=`` URL, when the store is opened from one.
         self.url = check_records_url(store) if isinstance(store, str) else None
         self._given = None if isinstance(store, str) else store
-        self._store: KeyStore | None = self._given
+        #: Made now (it connects on first use), so a missing driver fails at construction.
+        self._store: KeyStore | None = open_store(store) if isinstance(store, str) else store
 
     @property
     def enabled(self) -> bool:

@@ -8,6 +8,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from ...errors import ConfigError
 from ..redis import split_queue
+from ._keys import REDIS_SCHEMES, check_records_url, scheme_of
 
 _OPTIONS = {
     "region",
@@ -18,6 +19,7 @@ _OPTIONS = {
     "task",
     "create",
     "locks",
+    "records",
     "pool",
     "pollers",
 }
@@ -36,6 +38,7 @@ class Settings(TypedDict):
     default_task: str | None
     create: bool
     lock_store: str | None
+    records: str | None
     pool: int
     pollers: int
 
@@ -47,7 +50,9 @@ def parse_url(url: str, queue: str) -> tuple[str, Settings]:
     Option values are percent-decoded once, a bare ``+`` staying a plus sign (not a space);
     ``locks=`` is a redis URL whose own query is re-encoded as ``redis://`` broker URLs are
     (``split_queue``), so ``locks=rediss://h/0?ssl_ca_certs=/a+b/ca.pem`` reaches redis-py
-    with ``/a+b/ca.pem``. An ``&`` inside the ``locks=`` URL is written ``%26``."""
+    with ``/a+b/ca.pem``. ``records=`` is a redis URL (re-encoded the same way) or a
+    ``postgresql://`` DSN (passed to asyncpg as decoded); anything else is a ConfigError that
+    names the option. An ``&`` inside the ``locks=`` or ``records=`` URL is written ``%26``."""
     if not url.lower().startswith("sqs://"):
         raise ConfigError(f"not an sqs:// URL: {url!r}")
     rest, _, query = url[len("sqs://") :].partition("?")
@@ -81,6 +86,7 @@ def parse_url(url: str, queue: str) -> tuple[str, Settings]:
         default_task=opts.get("task") or None,
         create=opts.get("create", "0").lower() in ("1", "true", "yes"),
         lock_store=_redis_url(opts.get("locks")),
+        records=_records_url(opts.get("records")),
         pool=_int_option(opts, "pool") or 50,
         pollers=_int_option(opts, "pollers") or 10,
     )
@@ -90,6 +96,14 @@ def _redis_url(url: str | None) -> str | None:
     if not url:
         return None
     return split_queue(url, "")[0]
+
+
+def _records_url(url: str | None) -> str | None:
+    if not url:
+        return None
+    if scheme_of(check_records_url(url)) in REDIS_SCHEMES:
+        return _redis_url(url)
+    return url
 
 
 def _int_option(opts: dict[str, str], name: str) -> int | None:
