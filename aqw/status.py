@@ -341,6 +341,7 @@ def render_job(job_id: str, info: JobInfo | None, *, now: float | None = None) -
         progress += f" {_p(info.message)}"
     error = info.error
     kept = _p(f"not kept: {info.result_note}") if info.result_note else ""
+    running = info.state == "running"  # else the lease was released (or never taken)
     rows: list[tuple[str, str | None]] = [
         ("queue", _p(info.queue)),
         ("task", _p(info.task)),
@@ -354,7 +355,7 @@ def render_job(job_id: str, info: JobInfo | None, *, now: float | None = None) -
         ("progress", progress),
         ("key", _p(info.key or "")),
         ("fencing token", str(info.fencing_token or "")),
-        ("lease expires", render_time(info.lease_expires_at, at)),
+        ("lease expires", render_time(info.lease_expires_at, at) if running else ""),
         ("cancel requested", "yes" if info.cancel_requested else "no"),
         ("result", None if info.has_result else kept),
         ("error type", _p(error.type) if error else ""),

@@ -184,6 +184,8 @@ def test_a_bad_log_setting_is_one_line(
         (["monitor", "--broker", "memory://", "--interval", "0"], {}, "--interval"),
         (["dlq", "list", "--broker", "memory://", "--limit", "0"], {}, "--limit"),
         (["dlq", "purge", "--broker", "memory://", "--older-than", "-1"], {}, "--older-than"),
+        (["job", "wait", "jobs:app", "abc", "--timeout", "0"], {}, "--timeout"),
+        (["job", "wait", "--broker", "memory://", "abc", "--timeout", "-1"], {}, "--timeout"),
         (["bench", "--jobs", "0"], {}, "--jobs"),
         (["bench", "--timeout", "0"], {}, "--timeout"),
         (["bench", "--latency-seconds", "0"], {}, "--latency-seconds"),
@@ -253,6 +255,14 @@ def test_enqueue_names_the_app_any_way(project: Path, argv: list[str], env: dict
         (["status"], {}, "name an app"),
         (["dlq", "show", "jobs:app", "1-0"], {}, "no dead job with id '1-0'"),
         (["dlq", "replay", "jobs:app", "1-0"], {}, "no dead job with id '1-0'"),
+        (["dlq", "show", "jobs:app", "abc"], {}, "no dead job with id 'abc': no entry"),
+        (["job", "show", "jobs:app"], {}, "name the job: JOB_ID after the app"),
+        (["job", "wait"], {}, "the following arguments are required: JOB_ID"),
+        (["dlq", "show", "jobs:app"], {}, "name the dead job"),
+        (["job", "show", "--app", "jobs:app", "other:app", "abc"], {}, "named twice"),
+        (["job", "show", "abc"], {}, "name an app"),
+        (["job", "show", "jobs:app", "x" * 201], {}, "job id must be a non-empty string"),
+        (["job", "explain", "jobs:app", "abc"], {}, "invalid choice: 'explain'"),
     ],
 )
 def test_naming_mistakes_are_one_line(
@@ -287,9 +297,28 @@ def test_status_names_the_app_any_way(project: Path, argv: list[str], env: dict[
     ids=["positional", "option", "env"],
 )
 def test_status_of_a_job(project: Path, argv: list[str], env: dict[str, str]) -> None:
-    result = aqw(project, *argv, env=env)
-    assert result.returncode == 0, explain(result)
-    assert json.loads(result.stdout) == {"job_id": "abc123", "running": False, "state": None}
+    # the memory:// app of a new process holds no job: no record of it, exit status 6
+    line = one_line_error(aqw(project, *argv, env=env), 6)
+    assert (
+        line == "aqw: error: no record of job 'abc123' on queue 'cli' (never enqueued, or expired)"
+    )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["job", "show", "jobs:app", "abc123"],
+        ["job", "show", "abc123", "--app", "jobs:app", "--json"],
+        ["job", "wait", "jobs:app", "abc123", "--timeout", "1"],
+        ["job", "cancel", "abc123", "--broker", "memory://cli"],
+    ],
+    ids=["show", "show-json", "wait", "cancel"],
+)
+def test_job_commands_of_an_unknown_job_exit_6(project: Path, argv: list[str]) -> None:
+    result = aqw(project, *argv)
+    line = one_line_error(result, 6)
+    assert line.startswith("aqw: error: no record of job 'abc123'"), line
+    assert result.stdout == ""
 
 
 @pytest.mark.parametrize(
@@ -318,6 +347,7 @@ def _parsers(
 def test_every_option_has_help() -> None:
     found = dict(_parsers(build_parser()))
     assert {"aqw worker", "aqw bench", "aqw dlq list", "aqw dlq purge"} <= set(found)
+    assert {"aqw job", "aqw job show", "aqw job wait", "aqw job cancel"} <= set(found)
     for name, parser in found.items():
         flags = {o for a in parser._actions for o in a.option_strings}
         assert {"--log-level", "--log-format"} <= flags, name

@@ -174,7 +174,7 @@ async def stream_jobs(raw: Redis, queue: str) -> list[aqw.Job]:
 
 def table_ids(output: str) -> list[str]:
     lines = output.strip().splitlines()
-    assert lines[0].split()[:4] == ["ID", "TASK", "ERROR", "ATT"], output
+    assert lines[0].split()[:5] == ["ID", "JOB", "TASK", "ERROR", "ATT"], output
     return [line.split()[0] for line in lines[1:]]
 
 
@@ -191,7 +191,7 @@ async def test_list_in_a_table_as_json_and_filtered(cli: Cli, produce: Producer)
     assert sorted(table_ids(out)) == sorted(ids)
     for d in dead:
         row = next(line for line in out.splitlines() if line.startswith(d.id))
-        assert row.split()[1:4] == [d.task, d.error_type, str(d.attempts)]
+        assert row.split()[1:5] == [d.job_id, d.task, d.error_type, str(d.attempts)]
         assert d.error[:40] in row
     assert "ValueError: card declined for 10 EUR" in out
     assert "Reject: mailbox a@x.org bounced" in out
@@ -233,7 +233,7 @@ async def test_list_in_a_table_as_json_and_filtered(cli: Cli, produce: Producer)
 
 async def test_show_one_dead_job_and_unknown_ids(cli: Cli, produce: Producer) -> None:
     [charge] = await produce.dead_letter(charges=[42])
-    shown = json.loads(cli.ok("show", charge.id))
+    shown = json.loads(cli.ok("show", charge.id, "--json"))
     assert (shown["id"], shown["task"], shown["job_id"]) == (charge.id, "charge", charge.job_id)
     assert (shown["error_type"], shown["attempts"]) == ("ValueError", 2)
     assert shown["error"] == "ValueError: card declined for 42 EUR"
@@ -248,6 +248,67 @@ async def test_show_one_dead_job_and_unknown_ids(cli: Cli, produce: Producer) ->
         assert f"aqw: error: no dead job with id {unknown!r}" in done.stderr
         assert "Traceback" not in done.stderr
         assert done.stdout == ""
+
+
+async def test_show_for_people(cli: Cli, produce: Producer) -> None:
+    [charge] = await produce.dead_letter(charges=[42])
+    out = cli.ok("show", charge.id)
+    lines = out.splitlines()
+    assert lines[0] == f"dead job {charge.id}"
+    fields = {
+        name: value.strip()
+        for name, _, value in (line.strip().partition("  ") for line in lines[1:10])
+    }
+    assert fields["job"] == charge.job_id
+    assert (fields["task"], fields["error type"], fields["attempts"]) == (
+        "charge",
+        "ValueError",
+        "2",
+    )
+    assert fields["error"] == "ValueError: card declined for 42 EUR"
+    for name in ("first failed", "last failed"):
+        assert " UTC (" in fields[name] and fields[name].endswith(" ago)"), fields[name]
+    assert fields["replay"] == f"aqw dlq replay {charge.id}"
+    # the traceback as lines, then the envelope once, as indented JSON
+    tb = out.split("  traceback:\n", 1)[1].split("  envelope:\n", 1)[0].splitlines()
+    assert tb[0] == "    Traceback (most recent call last):"
+    assert tb[-1] == "    ValueError: card declined for 42 EUR"
+    envelope = json.loads(
+        "\n".join(line[4:] for line in out.split("  envelope:\n")[1].splitlines())
+    )
+    assert (envelope["id"], envelope["payload"]) == (
+        charge.job_id,
+        {"amount": 42, "currency": "EUR"},
+    )
+    assert out.count('"payload"') == 1
+
+
+async def test_show_by_job_id_through_the_record_or_a_search(
+    cli: Cli, produce: Producer, raw: Redis
+) -> None:
+    [charge, email] = await produce.dead_letter(charges=[5], emails=["a@x.org"])
+    by_entry = cli("show", charge.id, "--json")
+    by_job = cli("show", charge.job_id, "--json")
+    assert by_job.returncode == 0, by_job.stderr
+    assert json.loads(by_job.stdout) == json.loads(by_entry.stdout)
+
+    # the job's record gone (expired): the DLQ is searched for the job id, and that is said
+    await raw.delete(f"aqw:{{{cli.queue}}}:job:{email.job_id}")
+    done = cli("show", email.job_id)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"dead job {email.id}\n")
+    assert done.stderr == (
+        f"note: no record of job {email.job_id} (expired?); found its entry {email.id} "
+        "by searching the dead-letter queue\n"
+    )
+
+    # a job id with no record and no entry
+    done = cli("show", "f" * 32)
+    assert done.returncode == 2
+    assert done.stderr == (
+        f"aqw: error: no dead job with id {'f' * 32!r}: no entry, no record of a job "
+        f"{'f' * 32!r}, and no dead job of it\n"
+    )
 
 
 # -- replay ---------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """``aqw status``: the numbers a live worker on the real Redis produced, read back from another
 client; worker sums that leave the monitor's heartbeat out; merged error fingerprints; one
-job's state; ``--watch``.
+job's record; ``--watch``.
 
 The CLI wiring lives in ``aqw/cli/_status.py``; these tests call :func:`aqw.cli._status.run`
 with the arguments ``aqw status`` parses, through :func:`aqw.cli._status.add_parser`.
@@ -300,39 +300,42 @@ async def test_status_of_an_empty_queue_renders(queue_name: str) -> None:
 
 
 @pytest.mark.redis
-async def test_status_job_id_shows_a_running_job_then_not_running(
+async def test_status_job_id_shows_a_running_job_then_its_end(
     queue_name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     app = aqw.App(RedisBroker(REDIS_URL, queue_name))
     release = asyncio.Event()
+    halfway = asyncio.Event()
 
     @app.task(name="slow")
     async def slow(ctx: aqw.Context) -> None:
         await ctx.progress(0.5, "half way")
+        halfway.set()
         await release.wait()
 
+    target = ("--broker", REDIS_URL, "--queue", queue_name)
     try:
         [job_id] = await app.enqueue("slow", [None])
         async with Worker(app, heartbeat=0.2, concurrency=2, grace=1.0) as worker:
-            await eventually(lambda: app.job_status(job_id), 10, "the job's published state")
-            args = status_args("--broker", REDIS_URL, "--queue", queue_name, job_id)
-            assert await run(args) == 0
+            await asyncio.wait_for(halfway.wait(), 10)
+            assert await run(status_args(*target, job_id)) == 0
             text = capsys.readouterr().out
-            assert text.startswith(f"job {job_id}: running")
-            assert worker.name in text and "half way" in text
-            args = status_args("--broker", REDIS_URL, "--queue", queue_name, job_id, "--json")
-            assert await run(args) == 0
+            assert text.startswith(f"job {job_id}: running\n")
+            assert worker.name in text and "50% half way" in text
+            assert await run(status_args(*target, job_id, "--json")) == 0
             shown = json.loads(capsys.readouterr().out)
-            assert shown["running"] is True and shown["state"]["task"] == "slow"
+            assert (shown["state"], shown["task"], shown["worker"]) == (
+                "running",
+                "slow",
+                worker.name,
+            )
+            assert (shown["progress"], shown["message"]) == (0.5, "half way")
             release.set()
-            await eventually(lambda: worker.stats.processed == 1, 10, "the job to finish")
-
-            async def cleared() -> bool:
-                return await app.job_status(job_id) is None
-
-            await eventually(cleared, 10, "the finished job's state to be cleared")
-        assert await run(status_args("--broker", REDIS_URL, "--queue", queue_name, job_id)) == 0
-        assert capsys.readouterr().out.startswith(f"job {job_id}: not running")
+            await app.jobs.wait(job_id, timeout=10)
+        assert await run(status_args(*target, job_id)) == 0
+        assert capsys.readouterr().out.startswith(f"job {job_id}: succeeded\n")
+        with pytest.raises(aqw.UnknownJob):  # the command line makes it exit status 6
+            await run(status_args(*target, "no-such-job"))
     finally:
         await app.close()
 

@@ -83,7 +83,10 @@ def _positionals(args: argparse.Namespace) -> None:
     """``[APP] ID`` (show) and ``[APP] [ID...]`` (replay, purge): the app to ``args.app``."""
     if args.dlq_command == "show":
         given = [w for w in (args.first, args.id) if w is not None]
-        args.id = take_app(args, given, first_is_app=len(given) == 2)[0]
+        rest = take_app(args, given, first_is_app=len(given) == 2)
+        if not rest:  # the one argument was the app
+            raise CliError("show: name the dead job: its entry id or job id after the app")
+        args.id = rest[0]
     elif args.dlq_command in ("replay", "purge"):
         args.ids = take_app(args, [args.first, *args.ids])
 

@@ -20,7 +20,7 @@ from ..app import App
 from ..errors import UnknownJob
 from ..record import JobInfo
 from ..status import render_job
-from ._common import add_log_options, add_target, number, resolve_app, take_app
+from ._common import CliError, add_log_options, add_target, number, resolve_app, take_app
 
 #: Exit status of ``aqw job wait`` by the job's final state (succeeded: 0).
 EXIT_BY_STATE = {"succeeded": 0, "failed": 3, "dead": 3, "cancelled": 4, "expired": 5}
@@ -74,7 +74,10 @@ def add_parser(sub: Any) -> None:
 def job_argument(args: argparse.Namespace) -> str:
     """``[APP] JOB_ID``: the job id, the app (when given) set in ``args.app``."""
     given = [w for w in (args.first, args.job_id) if w is not None]
-    return take_app(args, given, first_is_app=len(given) == 2)[0]
+    rest = take_app(args, given, first_is_app=len(given) == 2)
+    if not rest:  # the one argument was the app
+        raise CliError("name the job: JOB_ID after the app")
+    return rest[0]
 
 
 async def run(args: argparse.Namespace) -> int:
