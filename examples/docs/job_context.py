@@ -6,7 +6,6 @@ import aqw
 
 app = aqw.App("memory://", queue="reports")
 release = asyncio.Event()
-finished = asyncio.Event()
 
 
 @app.task(lease_ttl=10.0, sla=60.0)
@@ -16,20 +15,21 @@ async def build_report(report_id: int, ctx: aqw.Context) -> None:
     )
     await ctx.progress(0.5, "half way")
     await release.wait()  # stand-in for real work
-    finished.set()
 
 
 async def main() -> None:
     async with app.worker(concurrency=4):  # runs in the background of this block
         job_id = await build_report.enqueue(7)
-        state = None
-        while state is None or state["progress"] != "0.5":
+        info = await app.job(job_id)
+        while info is None or info.progress != 0.5:
             await asyncio.sleep(0.05)
-            state = await app.job_status(job_id)
-        print("running:", {k: state[k] for k in ("task", "attempt", "progress", "message")})
+            info = await app.job(job_id)
+        print("running:", info.state, info.task, info.attempts, info.progress, info.message)
         release.set()
-        await finished.wait()
-    print("finished; state now:", await app.job_status(job_id))  # None: not running
+        await app.result(job_id, timeout=10)  # waits for the end, without polling
+    info = await app.job(job_id)
+    assert info is not None
+    print("finished:", info.state, "at", info.finished_at)  # succeeded
     await app.close()
 
 
