@@ -307,6 +307,8 @@ def _subcommand(words: list[str]) -> str:
         return ""
     if words[0] == "dlq" and len(words) > 1 and words[1] in ("list", "show", "replay", "purge"):
         return f"dlq {words[1]}"
+    if words[0] == "job" and len(words) > 1 and words[1] in ("show", "wait", "cancel"):
+        return f"job {words[1]}"
     return words[0]
 
 

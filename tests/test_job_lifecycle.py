@@ -74,7 +74,8 @@ async def test_every_state_is_read_back(backend: Backend) -> None:
     entries = await app.dlq.list()
     assert [e.job_id for e in entries] == [dead]
     assert info.dlq_entry == entries[0].id
-    assert info.error is not None and info.error.type == "Reject" and "no good" in info.error.message
+    assert info.error is not None and info.error.type == "Reject"
+    assert "no good" in info.error.message
     with pytest.raises(aqw.JobFailed, match="no good"):
         await app.result(dead, timeout=1)
 
@@ -159,8 +160,13 @@ async def test_result_bad_arguments_fail_fast(backend: Backend) -> None:
     with pytest.raises(aqw.UnknownJob, match="never enqueued"):
         await app.result("made-up", timeout=1)
     assert await app.cancel("made-up") == "unknown"
-    with pytest.raises(aqw.ConfigError, match="expires"):
-        await app.enqueue("nope", [None], expires=-1)  # unknown task is checked first
+
+    @app.task(name="work")
+    async def work() -> None: ...
+
+    for bad in (-1, 0, float("inf"), True):
+        with pytest.raises(aqw.ConfigError, match="expires"):
+            await work.enqueue(expires=bad)
     with pytest.raises(aqw.ConfigError, match="keep_for"):
 
         @app.task(name="t", keep_for=0)
@@ -281,15 +287,18 @@ async def test_a_job_delayed_past_its_expiry_ends_expired(backend: Backend) -> N
 
 
 async def test_records_expire_after_keep_for(backend: Backend) -> None:
-    app = backend.app(keep_for=0.3)
+    app = backend.app(keep_for=1.0)
 
-    @app.task(name="work")
-    async def work() -> None: ...
+    @app.task(name="work", keep_result=True)
+    async def work() -> int:
+        return 1
 
     job_id = await work.enqueue()
-    await run_burst(app)
-    assert await app.job(job_id) is not None
-    await asyncio.sleep(0.5)
+    async with running(app.worker()):
+        assert await app.result(job_id, timeout=5) == 1
+        ended = time.monotonic()
+        assert await app.job(job_id) is not None
+    await asyncio.sleep(max(0.0, ended + 1.3 - time.monotonic()))
     assert await app.job(job_id) is None
     if backend.raw is not None:
         left = [k async for k in backend.raw.scan_iter(match=f"aqw:{{{backend.queue}}}:*{job_id}*")]

@@ -257,7 +257,7 @@ def test_a_record_running_for_days_does_not_expire(clock: Clock) -> None:
 # -- running-job states ----------------------------------------------------------------------
 
 
-def test_running_states_leave_out_jobs_whose_lease_lapsed(clock: Clock) -> None:
+def test_running_states_keep_jobs_whose_worker_died(clock: Clock) -> None:
     records = LocalRecords("q")
     for n in (1, 2, 3):
         records.enqueued(job(n))
@@ -280,12 +280,12 @@ def test_running_states_leave_out_jobs_whose_lease_lapsed(clock: Clock) -> None:
     assert records.running_state("j1") == states[0]
     assert records.running_states(1) == states[:1]
     records.update("j2", {"lease_expires_at": repr(clock.wall + 100)}, 2)
-    clock.advance(10 + LEASE_GRACE / 2)  # j1's lease just lapsed: a renewal may be on its way
+    clock.advance(10 + LEASE_GRACE * 2)  # j1's lease lapsed: its worker died
+    # Still listed, its lease expiry in the past: the monitor reports it as orphaned until
+    # another worker takes it over.
     assert [s["job_id"] for s in records.running_states(100)] == ["j1", "j2"]
-    clock.advance(LEASE_GRACE)  # past the grace: its worker died
-    assert [s["job_id"] for s in records.running_states(100)] == ["j2"]
-    assert records.running_state("j1") is None
-    assert state_of(records, "j1") == "running"  # the record itself still says so
+    assert records.running_state("j1") is not None
+    assert records.running_state("j1")["lease_expires_at"] == repr(clock.wall - 2 * LEASE_GRACE)
     assert records.running_state("j3") is None and records.running_state("nope") is None
 
 
@@ -294,9 +294,9 @@ def test_running_state_of_odd_records() -> None:
     ok = {"state": "running", "lease_expires_at": repr(now + 1)}
     assert running_state("j", ok, now) is not None
     assert running_state("j", {**ok, "state": "queued"}, now) is None
-    assert running_state("j", {**ok, "lease_expires_at": ""}, now) is None
-    assert running_state("j", {**ok, "lease_expires_at": "soon"}, now) is None
-    assert running_state("j", {**ok, "lease_expires_at": "nan"}, now) is None
+    for odd in ("", "soon", "nan"):  # shown as it is; aqw status names the damage
+        state = running_state("j", {**ok, "lease_expires_at": odd}, now)
+        assert state is not None and state["lease_expires_at"] == odd
 
 
 # -- waiters ---------------------------------------------------------------------------------

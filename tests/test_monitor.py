@@ -365,19 +365,18 @@ async def test_many_stuck_jobs_are_capped_into_one_more_alert(
     assert sorted(more.details["job_ids"]) == ["k0", "k1", "k2", "k3"]
 
 
-def state(job_id: str, worker: str, started_at: float, lease_expires_at: float) -> dict[str, str]:
-    return {
-        "state": "running",
-        "job_id": job_id,
-        "task": "slow",
-        "attempt": "1",
-        "worker": worker,
-        "started_at": repr(started_at),
-        "lease_expires_at": repr(lease_expires_at),
-        "fencing_token": "7",
-        "progress": "0.0",
-        "message": "",
-    }
+def running_job(
+    broker: aqw.Broker, job_id: str, worker: str, started_at: float, lease_expires_at: float
+) -> None:
+    """Record job ``job_id`` of task ``slow`` as running on ``worker`` since ``started_at``
+    under a lease confirmed until ``lease_expires_at`` (the monitor's clock is fake)."""
+    job = aqw.Job(id=job_id, task="slow")
+    broker.local_records.enqueued(job)
+    broker.local_records.started(job, worker, 1, lease_expires_at, started_at=started_at)
+
+
+def end_job(broker: aqw.Broker, job_id: str) -> None:
+    broker.local_records.finish(aqw.Job(id=job_id, task="slow"), "succeeded", {}, 60)
 
 
 async def test_orphaned_job_of_a_dead_worker_fires_and_resolves(
@@ -386,9 +385,9 @@ async def test_orphaned_job_of_a_dead_worker_fires_and_resolves(
     monitor = make_monitor(broker, clock, seen, orphan_after=300)
     now = clock.t
     await broker.publish_heartbeat("alive", beat("alive"), ttl=60)
-    await broker.set_job_state("expired", state("expired", "gone", now - 5, now - 1), ttl=60)
-    await broker.set_job_state("young", state("young", "gone", now - 5, now + 20), ttl=60)
-    await broker.set_job_state("live", state("live", "alive", now - 999, now - 1), ttl=60)
+    running_job(broker, "expired", "gone", now - 5, now - 1)
+    running_job(broker, "young", "gone", now - 5, now + 20)
+    running_job(broker, "live", "alive", now - 999, now - 1)
     fired = await monitor.evaluate_once()
     assert [a.key for a in fired] == ["stuck_job:expired"]
     assert fired[0].details["reason"] == "orphaned"
@@ -397,8 +396,8 @@ async def test_orphaned_job_of_a_dead_worker_fires_and_resolves(
     clock.t = now + 301  # "young" is now older than orphan_after, its worker still gone
     assert [a.key for a in await monitor.evaluate_once()] == ["stuck_job:young"]
 
-    await broker.clear_job_state("expired")
-    await broker.clear_job_state("young")
+    end_job(broker, "expired")
+    end_job(broker, "young")
     clock.t += 15
     resolved = await monitor.evaluate_once()
     assert sorted(a.key for a in resolved) == ["stuck_job:expired", "stuck_job:young"]
@@ -417,8 +416,8 @@ async def test_orphan_uses_the_tasks_sla_when_given_the_app(
 
     monitor = make_monitor(app, clock, seen)
     now = clock.t
-    await app.broker.set_job_state("a", state("a", "gone", now - 19, now + 20), ttl=60)
-    await app.broker.set_job_state("b", state("b", "gone", now - 21, now + 20), ttl=60)
+    running_job(app.broker, "a", "gone", now - 19, now + 20)
+    running_job(app.broker, "b", "gone", now - 21, now + 20)
     assert [a.key for a in await monitor.evaluate_once()] == ["stuck_job:b"]
 
 

@@ -4,9 +4,9 @@ processes do not see them). The Redis broker keeps its records in Redis instead.
 
 A record lives until its time is up (``keep_for`` after its job ended, ``UNFINISHED_KEEP``
 past its due time before that); past ``MAX_RECORDS`` the records closest to their end are
-dropped first, so finished records go before unfinished ones. A running record also says
-whether its job still counts as running (``running_state``): not once its lease expired
-more than ``LEASE_GRACE`` seconds ago, as its worker died.
+dropped first, so finished records go before unfinished ones. A running record stays
+running until its job's next step: when its worker died, until another worker takes the job
+over (its lease expiry, in the past, tells the monitor it is orphaned).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ CancelOutcome = Literal["cancelled", "cancelling", "finished", "unknown"]
 #: runs millions of jobs a day must not grow without bound).
 MAX_RECORDS = 100_000
 
-#: Seconds past its lease's expiry after which a running record no longer counts as
-#: running (its worker died): a renewal on its way, or a clock a little behind, is not that.
+#: Seconds past its lease's expiry after which a running job is taken for orphaned (its
+#: worker died): a renewal on its way, or a clock a little behind, is not that.
 LEASE_GRACE = 1.0
 
 #: The fields of a running record that ``set_job_state`` updates.
@@ -47,15 +47,10 @@ class _Entry:
 
 def running_state(job_id: str, fields: Mapping[str, str], now: float) -> dict[str, str] | None:
     """A running record as a running-job state (the shape of ``RunningJob.state``: what
-    ``Broker.job_state`` returns), or None when the record is not running, or its lease
-    expired more than ``LEASE_GRACE`` seconds before ``now`` (wall clock)."""
+    ``Broker.job_state`` returns), or None when the record is not running. A job whose
+    worker died stays running, its lease expiry in the past, until another worker takes it
+    over: the monitor reports it as orphaned."""
     if fields.get("state") != "running":
-        return None
-    try:
-        expires = float(fields.get("lease_expires_at") or "nan")
-    except ValueError:
-        return None
-    if not expires >= now - LEASE_GRACE:  # NaN: not known to be alive
         return None
     return {
         "state": "running",
@@ -166,16 +161,23 @@ class LocalRecords:
             fields.get("state") == "cancelled" or fields.get("cancel") == "1"
         )
 
-    def started(self, job: Job, worker: str, fence: int, lease_expires_at: float) -> None:
-        """Record that ``job`` holds its lease and runs; raises ``JobCancelled`` when it was
-        cancelled before it started (nothing changes)."""
+    def started(
+        self,
+        job: Job,
+        worker: str,
+        fence: int,
+        lease_expires_at: float,
+        started_at: float | None = None,
+    ) -> None:
+        """Record that ``job`` holds its lease and runs (since ``started_at``, default now);
+        raises ``JobCancelled`` when it was cancelled before it started (nothing changes)."""
         if self.is_cancelled(job.id):
             raise JobCancelled(job.id)
         fields = dict(self._get(job.id) or {"task": job.task, "enqueued_at": repr(job.enqueued_at)})
         fields.update(
             state="running",
             attempts=str(job.attempt),
-            started_at=repr(time.time()),
+            started_at=repr(time.time() if started_at is None else started_at),
             worker=worker,
             fencing_token=str(fence),
             lease_expires_at=repr(lease_expires_at),

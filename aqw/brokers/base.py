@@ -336,7 +336,7 @@ class Broker(abc.ABC):
         return await self.local_records.wait(job_id, timeout)
 
     # -- running-job states (shaped as ``RunningJob.state``), read from the records: a job runs
-    # while its record says so and its lease lapsed at most ``LEASE_GRACE`` ago (its worker died)
+    # while its record says so (after its worker died, until another takes it over)
 
     async def set_job_state(self, job_id: str, state: dict[str, str], ttl: float) -> None:
         """Write ``state``'s progress, message and lease expiry into the job's record while
