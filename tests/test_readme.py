@@ -36,7 +36,7 @@ def test_every_aqw_command_in_the_readme_is_accepted() -> None:
     ]
     assert lines, "the README shows aqw commands"
     for words in lines:
-        command = words[1] if words[1] != "dlq" else "dlq " + words[2]
+        command = words[1] if words[1] not in ("dlq", "job") else f"{words[1]} {words[2]}"
         result = subprocess.run(
             [sys.executable, "-m", "aqw", *command.split(), "--help"],
             capture_output=True,
