@@ -74,6 +74,8 @@ REDIS_ALLOWED = (
     "_redis/",
     "brokers/redis.py",
     "brokers/_redis_status.py",  # the Redis broker's status records, split from redis.py
+    "brokers/_redis_jobs.py",  # the Redis broker's job steps (scripts), split from redis.py
+    "brokers/sqs/_keys_redis.py",  # SQS idempotency-key records in Redis (``records=``)
     "cache.py",
     "redlock.py",
 )
@@ -83,6 +85,8 @@ REDIS_ALLOWED = (
 LAZY_EXTRAS: dict[tuple[str, str], str] = {
     # sqs:// needs the 'sqs' extra (aioboto3); loaded only when a URL asks for it.
     ("aqw.brokers", "aqw.brokers.sqs"): "aioboto3 is the optional 'sqs' extra",
+    # sqs:// ...&records=postgresql://... needs the 'postgres' extra (asyncpg).
+    ("aqw.brokers.sqs._keys", "aqw.brokers.sqs._keys_pg"): "asyncpg: the 'postgres' extra",
 }
 
 #: A module longer than this is two ideas.

@@ -60,12 +60,26 @@ class QueueKeys:
 
     @property
     def running(self) -> str:
-        """The index of published job states: job ids scored by start time."""
+        """The index of running jobs: job ids scored by start time (``job_start.lua`` adds
+        them, the settle scripts remove them)."""
         return f"{self.tag}:running"
 
     def job_state(self, job_id: str) -> str:
-        """The running state of job ``job_id`` (expires with its lease)."""
+        """The record of job ``job_id`` (a hash of ``aqw.record.FIELDS``): its state from
+        enqueue to its end, the running state included. Same key as ``record``."""
         return f"{self.tag}:job:{job_id}"
+
+    def record(self, job_id: str) -> str:
+        """The record of job ``job_id`` (``aqw/record.py``)."""
+        return f"{self.tag}:job:{job_id}"
+
+    def waiters(self, job_id: str) -> str:
+        """The set of inboxes of the processes waiting for job ``job_id`` to end."""
+        return f"{self.tag}:waiters:{job_id}"
+
+    def inbox(self, name: str) -> str:
+        """A waiting process's inbox: the list of the ids of awaited jobs that have ended."""
+        return f"{self.tag}:inbox:{name}"
 
     @property
     def workers(self) -> str:

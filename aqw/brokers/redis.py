@@ -3,7 +3,10 @@
 Layout (all keys share the ``{queue}`` hash tag): ``aqw:{q}:stream`` holds unfinished jobs
 (entries are deleted when settled, so it stays bounded), ``aqw:{q}:delayed`` (ZSET by due
 time), ``aqw:{q}:dlq`` (capped stream), ``aqw:{q}:fence`` (fencing counter),
-``aqw:{q}:lease:<job id>`` and ``aqw:{q}:stats``.
+``aqw:{q}:lease:<job id>``, ``aqw:{q}:stats``, and per job its record ``aqw:{q}:job:<id>``
+(``aqw/record.py``; written by the same scripts that move the job, ``_redis_jobs.py``), the
+``aqw:{q}:running`` index of running jobs and, while someone waits for a job to end,
+``aqw:{q}:waiters:<id>`` and the waiting processes' inboxes (``aqw/_redis/waiters.py``).
 """
 
 from __future__ import annotations
@@ -21,11 +24,15 @@ from .._redis.batch import CommandBatcher
 from .._redis.client import MAX_BLOCK, describe_broker, make_client, split_queue
 from .._redis.keys import GROUP, QueueKeys
 from .._redis.lease import RedisLeaseBackend
+from .._redis.waiters import JobWaiters
 from ..job import Job
 from ..lease import Lease, LeaseBackend
+from ..record import DEFAULT_KEEP_FOR, JobInfo
+from ._local_records import CancelOutcome
+from ._redis_jobs import RedisJobLease, RedisJobs
 from ._redis_records import dead_job_of, decode_job, delivery_of, text
 from ._redis_status import RedisStatus
-from .base import Broker, DeadJob, Delivery, Failure, QueueDepth
+from .base import Broker, DeadJob, Delivery, Failure, Finish, QueueDepth
 
 __all__ = ["MAX_BLOCK", "RedisBroker", "make_client", "split_queue"]
 
@@ -60,14 +67,10 @@ class RedisBroker(Broker):
         self.batcher = CommandBatcher(self.client)
         self.status = RedisStatus(self.client, self.batcher, self.keys)
         self._leases = RedisLeaseBackend(self.batcher, fence_key=self.keys.fence)
-        self._ack = _scripts.load("ack")
-        self._retry = _scripts.load("retry")
-        self._dead = _scripts.load("dead_letter")
-        self._requeue = _scripts.load("requeue")
+        self.jobs = RedisJobs(self.client, self.batcher, self.keys, self._leases, dlq_limit)
+        self.waiters = JobWaiters(self.client, self.batcher, self.keys)
         self._keep_alive = _scripts.load("keep_alive")
         self._promote = _scripts.load("promote")
-        self._replay = _scripts.load("dlq_replay")
-        self._unique = _scripts.load("enqueue_unique")
         self._group_ready = False
 
     async def connect(self) -> None:
@@ -83,39 +86,21 @@ class RedisBroker(Broker):
         self._group_ready = True
 
     async def close(self) -> None:
+        await self.waiters.close()
         if self._owns_client:
             await self.client.aclose()
 
     # -- producing -------------------------------------------------------------------------
 
     async def publish(self, jobs: Sequence[Job]) -> None:
-        if len(jobs) == 1:
-            await self.batcher.execute("XADD", self.keys.stream, "*", "j", jobs[0].encode())
-            return
-        pipe = self.client.pipeline(transaction=False)
-        for job in jobs:
-            pipe.execute_command("XADD", self.keys.stream, "*", "j", job.encode())
-        await pipe.execute()
+        await self.jobs.publish(jobs)
 
     async def publish_unique(self, job: Job, ttl: float, run_at: float | None) -> tuple[str, bool]:
-        assert job.key is not None
-        due = int(run_at * 1000) if run_at is not None else 0
-        job_id, duplicate = await self.batcher.script(
-            self._unique,
-            [
-                self.keys.idempotency(job.key),
-                self.keys.stream,
-                self.keys.delayed,
-                self.keys.done(job.key),
-            ],
-            [job.id, max(1, int(ttl * 1000)), job.encode(), due],
-        )
+        job_id, duplicate = await self.jobs.publish_unique(job, ttl, run_at)
         return text(job_id), bool(duplicate)
 
     async def schedule(self, jobs: Sequence[Job], run_at: float) -> None:
-        due = int(run_at * 1000)
-        mapping = {job.encode(): due for job in jobs}
-        await self.client.zadd(self.keys.delayed, mapping)
+        await self.jobs.publish(jobs, run_at)
 
     # -- consuming -------------------------------------------------------------------------
 
@@ -247,38 +232,27 @@ class RedisBroker(Broker):
         )
         return bool(ok)
 
-    # -- settling --------------------------------------------------------------------------
-
-    def _lease_args(self, delivery: Delivery, lease: Lease | None) -> tuple[str, str]:
-        if lease is None:
-            return f"{self.keys.tag}:lease:-", ""
-        return lease.key, lease.token
+    # -- settling (``_redis_jobs.py``) ------------------------------------------------------
 
     async def ack(
-        self, delivery: Delivery, job: Job | None, lease: Lease | None, record_ttl: float = 0.0
+        self,
+        delivery: Delivery,
+        job: Job | None,
+        lease: Lease | None,
+        record_ttl: float = 0.0,
+        finish: Finish | None = None,
     ) -> bool:
-        key, token = self._lease_args(delivery, lease)
-        if job is not None and job.key is not None and record_ttl > 0:
-            record, ttl_ms = self.keys.done(job.key), max(1, int(record_ttl * 1000))
-        else:
-            record, ttl_ms = self.keys.done(""), 0
-        ok = await self.batcher.merged(
-            self._ack,
-            (self.keys.stream, self.keys.stats),
-            (GROUP, self.consumer),
-            (key, record),
-            (delivery.id, token, ttl_ms, job.id if job else ""),
-        )
-        return bool(ok)
+        return await self.jobs.ack(self.consumer, delivery, job, lease, record_ttl, finish)
 
-    async def retry(self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None) -> bool:
-        key, token = self._lease_args(delivery, lease)
-        ok = await self.batcher.script(
-            self._retry,
-            [self.keys.stream, self.keys.delayed, key, self.keys.stats],
-            [GROUP, token, delivery.id, int(run_at * 1000), job.encode(), self.consumer],
-        )
-        return bool(ok)
+    async def retry(
+        self,
+        delivery: Delivery,
+        job: Job,
+        run_at: float,
+        lease: Lease | None,
+        failure: Failure | None = None,
+    ) -> bool:
+        return await self.jobs.retry(self.consumer, delivery, job, run_at, lease, failure)
 
     async def dead_letter(
         self,
@@ -287,48 +261,42 @@ class RedisBroker(Broker):
         failure: Failure,
         attempts: int,
         lease: Lease | None,
+        keep_for: float = DEFAULT_KEEP_FOR,
     ) -> str | None:
-        key, token = self._lease_args(delivery, lease)
-        fields: list[Any] = [
-            "j",
-            delivery.data,
-            "task",
-            job.task if job else "",
-            "job_id",
-            job.id if job else "",
-            "error_type",
-            failure.error_type,
-            "error",
-            failure.error,
-            "tb",
-            failure.traceback,
-            "attempts",
-            attempts,
-            "first",
-            repr(failure.first_failed_at or failure.failed_at),
-            "last",
-            repr(failure.failed_at),
-            "worker",
-            failure.worker,
-        ]
-        ok = await self.batcher.script(
-            self._dead,
-            [self.keys.stream, self.keys.dlq, key, self.keys.stats],
-            [GROUP, token, delivery.id, self.dlq_limit, self.consumer, *fields],
+        entry = await self.jobs.dead_letter(
+            self.consumer, delivery, job, failure, attempts, lease, keep_for
         )
-        return None if ok is None else text(ok)  # the DLQ entry's id (None: refused)
+        return None if entry is None else text(entry)  # the DLQ entry's id (None: refused)
 
-    async def requeue(self, delivery: Delivery, lease: Lease | None) -> bool:
-        key, token = self._lease_args(delivery, lease)
-        ok = await self._requeue(
-            self.client, [self.keys.stream, key], [GROUP, self.consumer, token, delivery.id]
-        )
-        return ok is not None
+    async def requeue(
+        self, delivery: Delivery, lease: Lease | None, job: Job | None = None
+    ) -> bool:
+        return await self.jobs.requeue(self.consumer, delivery, lease, job)
 
     async def is_completed(self, job: Job) -> bool:
         if job.key is None:
             return False
         return bool(await self.batcher.execute("EXISTS", self.keys.done(job.key)))
+
+    # -- job records -----------------------------------------------------------------------
+
+    def job_lease_backend(self, job: Job) -> LeaseBackend:
+        return RedisJobLease(self.jobs, job, self.consumer)
+
+    async def record(self, job_id: str) -> JobInfo | None:
+        """The job's record; None also when its key holds another type than a hash (not a
+        record aqw wrote: ``cancel`` says "unknown" and ``wait_finished`` raises
+        ``UnknownJob`` for it too)."""
+        return await self.waiters.read(job_id)
+
+    async def cancel(self, job_id: str, keep_for: float = DEFAULT_KEEP_FOR) -> CancelOutcome:
+        return await self.jobs.cancel(job_id, keep_for)
+
+    async def cancel_requested(self, job_id: str) -> bool:
+        return await self.jobs.cancel_requested(job_id)
+
+    async def wait_finished(self, job_id: str, timeout: float | None) -> JobInfo:
+        return await self.waiters.wait(job_id, timeout)
 
     async def set_job_state(self, job_id: str, state: dict[str, str], ttl: float) -> None:
         await self.status.set_job_state(job_id, state, ttl)
@@ -387,12 +355,7 @@ class RedisBroker(Broker):
         return dead_job_of(*entries[0]) if entries else None
 
     async def dlq_replay(self, entries: Sequence[tuple[str, Job]]) -> int:
-        argv: list[Any] = []
-        for entry_id, job in entries:
-            argv += [entry_id, job.encode()]
-        if not argv:
-            return 0
-        return int(await self._replay(self.client, [self.keys.dlq, self.keys.stream], argv))
+        return await self.jobs.dlq_replay(entries)
 
     async def dlq_delete(self, entry_ids: Sequence[str]) -> int:
         if not entry_ids:

@@ -7,8 +7,8 @@
 -- another consumer has claimed (and not yet leased) is refused too, so a holder paused past
 -- its lease cannot settle a job that is running again elsewhere.
 --
--- The job record takes the given state and fields and lives the given keep time; it leaves
--- the running index. A record that has already ended (a job cancelled before it started,
+-- The job record takes the given state and fields, and the consumer as its worker, and lives
+-- the given keep time; it leaves the running index. A record that has already ended (a job cancelled before it started,
 -- acknowledged by the worker that fetched it) is left as it is and not counted again; a
 -- record key of another type than a hash is left alone. Waking: the job id is pushed to each
 -- inbox in the job's waiters set (aqw/_redis/waiters.py), which lives 5 minutes, and the set
@@ -66,7 +66,7 @@ for i = 4, #KEYS, 4 do
         if was and final[was] then
           count = false
         else
-          redis.call('HSET', rec, 'state', state, unpack(ARGV, first, a - 1))
+          redis.call('HSET', rec, 'state', state, 'worker', ARGV[2], unpack(ARGV, first, a - 1))
           redis.call('PEXPIRE', rec, keep)
           wake(waiters, job)
         end

@@ -1,16 +1,18 @@
--- Update a running job's progress, message and lease expiry in its record, only while the
--- record reads running under the caller's fencing token: a job that has ended (or runs again
--- elsewhere) is never changed, and a missing record is never recreated. Its TTL is kept.
--- KEYS[1] record; ARGV[1] fencing token ('' for any), ARGV[2..] field/value pairs
+-- Update a running job's record (progress, message, lease expiry) only while it reads running
+-- under the caller's fencing token: a job that has ended (or runs again elsewhere) is never
+-- changed, and a missing record is never recreated. The record keeps its TTL, unless less
+-- than half of the given ttl is left (a job running for days): then it gets that ttl again.
+-- KEYS[1] record; ARGV[1] fencing token, ARGV[2] record ttl in ms, ARGV[3..] field/value pairs
 -- Returns 1 when updated, 0 when not.
 local cur = redis.pcall('HMGET', KEYS[1], 'state', 'fencing_token')
-if cur.err or cur[1] ~= 'running' then
+if cur.err or cur[1] ~= 'running' or cur[2] ~= ARGV[1] then
   return 0
 end
-if ARGV[1] ~= '' and cur[2] ~= ARGV[1] then
-  return 0
+if #ARGV > 2 then
+  redis.call('HSET', KEYS[1], unpack(ARGV, 3))
 end
-if #ARGV > 1 then
-  redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+local keep = tonumber(ARGV[2])
+if redis.call('PTTL', KEYS[1]) < keep / 2 then
+  redis.call('PEXPIRE', KEYS[1], keep)
 end
 return 1

@@ -1,0 +1,370 @@
+"""The steps of a job on Redis, each one Lua script that moves the job and writes its record
+(``aqw:{q}:job:<id>``, ``aqw/record.py``) together, so a crash can never split the two:
+enqueue, start (the job's lease), settle (ack, retry, dead-letter, requeue), replay from the
+DLQ and cancel. ``RedisBroker`` delegates to ``RedisJobs``; the scripts' KEYS and ARGV are
+described at the top of each ``aqw/_redis/lua/*.lua``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any, cast
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from .._redis import scripts
+from .._redis.batch import CommandBatcher
+from .._redis.keys import GROUP, QueueKeys
+from .._redis.lease import RedisLeaseBackend
+from ..errors import FenceCorrupted, JobCancelled
+from ..job import Job
+from ..lease import Lease
+from ..record import UNFINISHED_KEEP, stamp
+from ._local_records import CancelOutcome
+from .base import Delivery, Failure, Finish, failure_fields
+
+#: Most jobs one enqueue script call takes (``publish`` and ``schedule`` of more: one call
+#: per chunk, sent together).
+ENQUEUE_CHUNK = 1000
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+def _flat(fields: dict[str, str]) -> list[str]:
+    return [x for pair in fields.items() for x in pair]
+
+
+def enqueue_args(job: Job, due: float | None, now: float) -> list[Any]:
+    """A job's part of ``enqueue.lua``'s ARGV (and ``enqueue_unique.lua``'s tail): its data,
+    its due time in ms (0: now), then its record's run_at, task, attempts, enqueued_at,
+    expires_at, key and TTL."""
+    later = due is not None and due > now
+    keep = UNFINISHED_KEEP + (due - now if due is not None and later else 0.0)
+    return [
+        job.encode(),
+        int(due * 1000) if due is not None else 0,
+        stamp(due) if later else "",
+        job.task,
+        job.attempt - 1,
+        repr(job.enqueued_at),
+        stamp(job.expires_at),
+        job.key or "",
+        _ms(keep),
+    ]
+
+
+class RedisJobLease:
+    """A job's lease backend (``RedisBroker.job_lease_backend``): ``acquire`` runs
+    ``job_start.lua``, which takes the lease and marks the record running in one step and
+    refuses a cancelled job (``JobCancelled``, taking nothing); ``renew`` (``job_renew.lua``)
+    also moves the record's lease expiry on; ``release`` is the plain one."""
+
+    __slots__ = ("_fence", "_job", "_jobs", "_worker")
+
+    def __init__(self, jobs: RedisJobs, job: Job, worker: str) -> None:
+        self._jobs = jobs
+        self._job = job
+        self._worker = worker
+        self._fence = ""  # the fencing token of the lease taken, once taken
+
+    async def acquire(self, key: str, token: str, ttl_ms: int) -> int | None:
+        jobs, job = self._jobs, self._job
+        now = time.time()  # its started_at; the script adds the TTL for its lease expiry
+        try:
+            fence = await jobs.batcher.merged(
+                jobs.job_start,
+                (jobs.keys.fence, jobs.keys.running),
+                (self._worker, _ms(UNFINISHED_KEEP)),
+                (key, jobs.keys.record(job.id)),
+                (job.id, token, ttl_ms, job.attempt, repr(now), job.task, repr(job.enqueued_at)),
+            )
+        except ResponseError as exc:
+            message = str(exc)
+            if not message.startswith(RedisLeaseBackend.FENCE_ERROR):
+                raise
+            value = message.rpartition("exhausted: ")[2] or "unknown"
+            raise FenceCorrupted(jobs.keys.fence, value) from None
+        if int(fence) == -1:
+            raise JobCancelled(job.id)
+        if int(fence) > 0:
+            self._fence = str(int(fence))
+        return int(fence) or None
+
+    async def renew(self, key: str, token: str, ttl_ms: int) -> bool:
+        jobs = self._jobs
+        expires = repr(time.time() + ttl_ms / 1000)
+        renewed = await jobs.batcher.script(
+            jobs.job_renew,
+            [key, jobs.keys.record(self._job.id)],
+            [token, ttl_ms, self._fence, expires, _ms(UNFINISHED_KEEP)],
+        )
+        return bool(renewed)
+
+    async def release(self, key: str, token: str) -> bool:
+        return await self._jobs.leases.release(key, token)
+
+
+class RedisJobs:
+    """The job steps of one queue (``RedisBroker.jobs``)."""
+
+    def __init__(
+        self,
+        client: Redis,
+        batcher: CommandBatcher,
+        keys: QueueKeys,
+        leases: RedisLeaseBackend,
+        dlq_limit: int,
+    ) -> None:
+        self.client = client
+        self.batcher = batcher
+        self.keys = keys
+        self.leases = leases
+        self.dlq_limit = dlq_limit
+        self.enqueue = scripts.load("enqueue")
+        self.unique = scripts.load("enqueue_unique")
+        self.job_start = scripts.load("job_start")
+        self.job_renew = scripts.load("job_renew")
+        self._ack = scripts.load("ack")
+        self._retry = scripts.load("retry")
+        self._dead = scripts.load("dead_letter")
+        self._requeue = scripts.load("requeue")
+        self._replay = scripts.load("dlq_replay")
+        self._cancel = scripts.load("cancel")
+
+    # -- producing -------------------------------------------------------------------------
+
+    async def publish(self, jobs: Sequence[Job], due: float | None = None) -> None:
+        """Enqueue ``jobs`` now (``due`` None) or at ``due``: one merged call for a single
+        job, else one call per ``ENQUEUE_CHUNK`` jobs."""
+        now = time.time()
+        shared = (self.keys.stream, self.keys.delayed)
+        if len(jobs) == 1:
+            job = jobs[0]
+            await self.batcher.merged(
+                self.enqueue, shared, (), (self.keys.record(job.id),), enqueue_args(job, due, now)
+            )
+            return
+        calls = []
+        for start in range(0, len(jobs), ENQUEUE_CHUNK):
+            chunk = jobs[start : start + ENQUEUE_CHUNK]
+            keys = [*shared, *(self.keys.record(job.id) for job in chunk)]
+            argv = [x for job in chunk for x in enqueue_args(job, due, now)]
+            calls.append(self.batcher.script(self.enqueue, keys, argv))
+        await asyncio.gather(*calls)
+
+    async def publish_unique(self, job: Job, ttl: float, run_at: float | None) -> Any:
+        assert job.key is not None
+        keys = self.keys
+        return await self.batcher.script(
+            self.unique,
+            [
+                keys.idempotency(job.key),
+                keys.stream,
+                keys.delayed,
+                keys.done(job.key),
+                keys.record(job.id),
+            ],
+            [job.id, _ms(ttl), *enqueue_args(job, run_at, time.time())],
+        )
+
+    # -- settling --------------------------------------------------------------------------
+
+    def _lease_args(self, lease: Lease | None) -> tuple[str, str]:
+        if lease is None:
+            return self.keys.lease("-"), ""
+        return lease.key, lease.token
+
+    def _record_keys(self, job: Job | None) -> tuple[str, str, str]:
+        """(job id or '', its record key, its waiters key): a key of the queue's slot that
+        is never written stands in for a job that did not decode."""
+        job_id = job.id if job is not None else ""
+        name = job_id or "-"
+        return job_id, self.keys.record(name), self.keys.waiters(name)
+
+    async def ack(
+        self,
+        consumer: str,
+        delivery: Delivery,
+        job: Job | None,
+        lease: Lease | None,
+        record_ttl: float,
+        finish: Finish | None,
+    ) -> bool:
+        finish = finish or Finish()
+        key, token = self._lease_args(lease)
+        if job is not None and job.key is not None and record_ttl > 0:
+            done, ttl_ms = self.keys.done(job.key), _ms(record_ttl)
+        else:
+            done, ttl_ms = self.keys.done(""), 0
+        job_id, record, waiters = self._record_keys(job)
+        values: list[str] = []
+        if job is not None:  # the script adds the state and the worker (the consumer)
+            values = _flat(finish.fields("", time.time()))
+        ok = await self.batcher.merged(
+            self._ack,
+            (self.keys.stream, self.keys.stats, self.keys.running),
+            (GROUP, consumer),
+            (key, done, record, waiters),
+            (
+                delivery.id,
+                token,
+                ttl_ms,
+                job_id,
+                finish.state,
+                _ms(finish.keep_for),
+                len(values),
+                *values,
+            ),
+        )
+        return bool(ok)
+
+    async def retry(
+        self,
+        consumer: str,
+        delivery: Delivery,
+        job: Job,
+        run_at: float,
+        lease: Lease | None,
+        failure: Failure | None,
+    ) -> bool:
+        key, token = self._lease_args(lease)
+        fields = {
+            "state": "retrying",
+            "run_at": repr(run_at),
+            "attempts": str(job.attempt - 1),  # ``job`` is the next attempt: runs so far
+            "task": job.task,
+            "enqueued_at": repr(job.enqueued_at),
+        }
+        if failure is not None:
+            fields.update(failure_fields(failure))
+        keep = UNFINISHED_KEEP + max(0.0, run_at - time.time())
+        k = self.keys
+        ok = await self.batcher.script(
+            self._retry,
+            [k.stream, k.delayed, key, k.stats, k.record(job.id), k.running],
+            [
+                GROUP,
+                token,
+                delivery.id,
+                int(run_at * 1000),
+                job.encode(),
+                consumer,
+                job.id,
+                _ms(keep),
+                *_flat(fields),
+            ],
+        )
+        return bool(ok)
+
+    async def dead_letter(
+        self,
+        consumer: str,
+        delivery: Delivery,
+        job: Job | None,
+        failure: Failure,
+        attempts: int,
+        lease: Lease | None,
+        keep_for: float,
+    ) -> Any:
+        key, token = self._lease_args(lease)
+        job_id, record, waiters = self._record_keys(job)
+        values: list[str] = []
+        if job is not None:
+            fields = {"finished_at": repr(time.time())}
+            if failure.worker or consumer:
+                fields["worker"] = failure.worker or consumer
+            fields.update(failure_fields(failure))
+            fields.update(task=job.task, enqueued_at=repr(job.enqueued_at))
+            values = _flat(fields)
+        entry: list[Any] = [
+            "j",
+            delivery.data,
+            "task",
+            job.task if job else "",
+            "job_id",
+            job_id,
+            "error_type",
+            failure.error_type,
+            "error",
+            failure.error,
+            "tb",
+            failure.traceback,
+            "attempts",
+            attempts,
+            "first",
+            repr(failure.first_failed_at or failure.failed_at),
+            "last",
+            repr(failure.failed_at),
+            "worker",
+            failure.worker,
+        ]
+        k = self.keys
+        return await self.batcher.script(
+            self._dead,
+            [k.stream, k.dlq, key, k.stats, record, waiters, k.running],
+            [
+                GROUP,
+                token,
+                delivery.id,
+                self.dlq_limit,
+                consumer,
+                job_id,
+                _ms(keep_for),
+                len(values),
+                *values,
+                *entry,
+            ],
+        )
+
+    async def requeue(
+        self, consumer: str, delivery: Delivery, lease: Lease | None, job: Job | None
+    ) -> bool:
+        key, token = self._lease_args(lease)
+        job_id, record, _ = self._record_keys(job)
+        ok = await self._requeue(
+            self.client,
+            [self.keys.stream, key, record, self.keys.running],
+            [GROUP, consumer, token, delivery.id, job_id, _ms(UNFINISHED_KEEP)],
+        )
+        return ok is not None
+
+    async def dlq_replay(self, entries: Sequence[tuple[str, Job]]) -> int:
+        if not entries:
+            return 0
+        keys = [self.keys.dlq, self.keys.stream]
+        argv: list[Any] = [_ms(UNFINISHED_KEEP)]
+        for entry_id, job in entries:
+            keys.append(self.keys.record(job.id))
+            argv += [
+                entry_id,
+                job.encode(),
+                job.task,
+                job.attempt - 1,
+                repr(job.enqueued_at),
+                stamp(job.expires_at),
+                job.key or "",
+            ]
+        return int(await self._replay(self.client, keys, argv))
+
+    # -- records ---------------------------------------------------------------------------
+
+    async def cancel(self, job_id: str, keep_for: float) -> CancelOutcome:
+        k = self.keys
+        outcome = await self.batcher.script(
+            self._cancel,
+            [k.record(job_id), k.waiters(job_id), k.stats],
+            [job_id, _ms(keep_for), repr(time.time())],
+        )
+        text = outcome.decode() if isinstance(outcome, bytes) else str(outcome)
+        return cast(CancelOutcome, text)
+
+    async def cancel_requested(self, job_id: str) -> bool:
+        try:
+            flag = await self.batcher.execute("HGET", self.keys.record(job_id), "cancel")
+        except ResponseError:  # WRONGTYPE: not a record aqw wrote
+            return False
+        return flag in (b"1", "1")
