@@ -100,8 +100,12 @@ class LocalRecords:
         now = time.monotonic()
         until = now + max(0.0, keep)
         self._records[job_id] = _Entry(fields, until)
-        heapq.heappush(self._ends, (until, job_id))
-        if fields.get("state") == "running":
+        state = fields.get("state")
+        if state in FINAL_STATES:
+            # Only ended records are swept by time: an unfinished one lives days and goes
+            # when its job ends, or (checked on reading) when its time is up.
+            heapq.heappush(self._ends, (until, job_id))
+        if state == "running":
             self._running[job_id] = None
         else:
             self._running.pop(job_id, None)
@@ -109,7 +113,11 @@ class LocalRecords:
         while len(self._records) > self._limit:
             self._drop_soonest()
         if len(self._ends) > 2 * len(self._records) + 1024:  # mostly stale: rebuild
-            self._ends = [(e.until, i) for i, e in self._records.items()]
+            self._ends = [
+                (e.until, i)
+                for i, e in self._records.items()
+                if e.fields.get("state") in FINAL_STATES
+            ]
             heapq.heapify(self._ends)
 
     def _sweep(self, now: float) -> None:
@@ -118,6 +126,9 @@ class LocalRecords:
             self._drop_soonest()
 
     def _drop_soonest(self) -> None:
+        if not self._ends:  # only unfinished records: the oldest written goes
+            self._drop(next(iter(self._records)))
+            return
         until, job_id = heapq.heappop(self._ends)
         entry = self._records.get(job_id)
         if entry is not None and entry.until == until:

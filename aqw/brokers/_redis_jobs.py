@@ -38,6 +38,20 @@ def _flat(fields: dict[str, str]) -> list[str]:
     return [x for pair in fields.items() for x in pair]
 
 
+def _enqueue_head(
+    prefix: str, keep: float, due: float | None, later: bool, job: Job
+) -> tuple[Any, ...]:
+    """The shared part of ``enqueue.lua``'s ARGV for jobs like ``job``."""
+    return (
+        prefix,
+        _ms(keep),
+        int(due * 1000) if due is not None and later else 0,
+        stamp(due) if later else "",
+        stamp(job.expires_at),
+        job.key or "",
+    )
+
+
 def enqueue_args(job: Job, due: float | None, now: float) -> list[Any]:
     """A job's part of ``enqueue.lua``'s ARGV (and ``enqueue_unique.lua``'s tail): its data,
     its due time in ms (0: now), then its record's run_at, task, attempts, enqueued_at,
@@ -73,14 +87,13 @@ class RedisJobLease:
 
     async def acquire(self, key: str, token: str, ttl_ms: int) -> int | None:
         jobs, job = self._jobs, self._job
-        now = time.time()  # its started_at; the script adds the TTL for its lease expiry
         try:
             fence = await jobs.batcher.merged(
                 jobs.job_start,
-                (jobs.keys.fence, jobs.keys.running),
-                (self._worker, _ms(UNFINISHED_KEEP)),
-                (key, jobs.keys.record(job.id)),
-                (job.id, token, ttl_ms, job.attempt, repr(now), job.task, repr(job.enqueued_at)),
+                (jobs.keys.fence,),
+                (jobs.prefix, self._worker, _ms(UNFINISHED_KEEP), ttl_ms),
+                (),
+                (job.id, token, job.attempt),
             )
         except ResponseError as exc:
             message = str(exc)
@@ -124,6 +137,8 @@ class RedisJobs:
         self.keys = keys
         self.leases = leases
         self.dlq_limit = dlq_limit
+        #: The prefix of every key of the queue (``aqw:{q}:``): scripts build per-job keys.
+        self.prefix = keys.tag + ":"
         self.enqueue = scripts.load("enqueue")
         self.unique = scripts.load("enqueue_unique")
         self.job_start = scripts.load("job_start")
@@ -139,21 +154,31 @@ class RedisJobs:
 
     async def publish(self, jobs: Sequence[Job], due: float | None = None) -> None:
         """Enqueue ``jobs`` now (``due`` None) or at ``due``: one merged call for a single
-        job, else one call per ``ENQUEUE_CHUNK`` jobs."""
+        job (concurrent single enqueues share one), else one call per ``ENQUEUE_CHUNK``."""
+        if not jobs:
+            return
         now = time.time()
+        later = due is not None and due > now
+        keep = UNFINISHED_KEEP + (due - now if due is not None and later else 0.0)
         shared = (self.keys.stream, self.keys.delayed)
         if len(jobs) == 1:
             job = jobs[0]
+            head = _enqueue_head(self.prefix, keep, due, later, job)
             await self.batcher.merged(
-                self.enqueue, shared, (), (self.keys.record(job.id),), enqueue_args(job, due, now)
+                self.enqueue, shared, head, (), (job.encode(), job.id, job.task, job.enqueued_at)
             )
             return
         calls = []
         for start in range(0, len(jobs), ENQUEUE_CHUNK):
             chunk = jobs[start : start + ENQUEUE_CHUNK]
-            keys = [*shared, *(self.keys.record(job.id) for job in chunk)]
-            argv = [x for job in chunk for x in enqueue_args(job, due, now)]
-            calls.append(self.batcher.script(self.enqueue, keys, argv))
+            # The jobs of one enqueue call share their task's expiry and have no key.
+            argv: list[Any] = [*_enqueue_head(self.prefix, keep, due, later, chunk[0])]
+            for job in chunk:
+                if job.expires_at != chunk[0].expires_at or job.key is not None:
+                    await self.publish([job], due)  # a mixed batch: that job on its own
+                    continue
+                argv += (job.encode(), job.id, job.task, job.enqueued_at)
+            calls.append(self.batcher.script(self.enqueue, list(shared), argv))
         await asyncio.gather(*calls)
 
     async def publish_unique(self, job: Job, ttl: float, run_at: float | None) -> Any:
@@ -195,30 +220,29 @@ class RedisJobs:
         finish: Finish | None,
     ) -> bool:
         finish = finish or Finish()
-        key, token = self._lease_args(lease)
-        if job is not None and job.key is not None and record_ttl > 0:
-            done, ttl_ms = self.keys.done(job.key), _ms(record_ttl)
-        else:
-            done, ttl_ms = self.keys.done(""), 0
-        job_id, record, waiters = self._record_keys(job)
+        token = lease.token if lease is not None else ""
+        idem = job.key if job is not None and job.key is not None and record_ttl > 0 else ""
         values: list[str] = []
-        if job is not None:  # the script adds the state and the worker (the consumer)
-            values = _flat(finish.fields("", time.time()))
+        if job is not None:  # the script adds the state, the worker and the finish time
+            if finish.result is not None:
+                values += ("result", finish.result)
+            if finish.note:
+                values += ("result_note", finish.note)
+            if finish.failure is not None:
+                values += _flat(failure_fields(finish.failure))
         ok = await self.batcher.merged(
             self._ack,
             (self.keys.stream, self.keys.stats, self.keys.running),
-            (GROUP, consumer),
-            (key, done, record, waiters),
             (
-                delivery.id,
-                token,
-                ttl_ms,
-                job_id,
+                GROUP,
+                consumer,
+                self.prefix,
                 finish.state,
                 _ms(finish.keep_for),
-                len(values),
-                *values,
+                _ms(record_ttl) if record_ttl > 0 else 0,
             ),
+            (),
+            (delivery.id, token, job.id if job is not None else "", idem, len(values), *values),
         )
         return bool(ok)
 

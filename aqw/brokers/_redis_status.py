@@ -6,6 +6,7 @@ running, found through the ``aqw:{q}:running`` index."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from redis.asyncio import Redis
@@ -87,10 +88,11 @@ class RedisStatus:
         if fence is None:
             return
         pairs = [x for name in RUNNING_FIELDS if name in state for x in (name, state[name])]
+        started = state.get("started_at") or repr(time.time())
         await self._batcher.script(
             self._progress,
-            [self._keys.record(job_id)],
-            [str(fence), int(UNFINISHED_KEEP * 1000), *pairs],
+            [self._keys.record(job_id), self._keys.running],
+            [str(fence), int(UNFINISHED_KEEP * 1000), job_id, started, *pairs],
         )
 
     async def clear_job_state(self, job_id: str) -> None:

@@ -42,12 +42,19 @@ async def run_handler(task: Task[Any], payload: Any, ctx: Context) -> Outcome:
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
     running = asyncio.current_task()
-    timer = stopper = None
+    timer = None
+    stoppers: list[Canceller] = []  # made only when the job is cancelled: most never are
     if running is not None:
         if deadline is not None:
             timer = Canceller(running, deadline)
-        stopper = Canceller(running, None)
-        ctx.on_cancel(lambda: stopper.fire(CANCELLED) if stopper is not None else None)
+        task_ = running
+
+        def stop() -> None:
+            if not stoppers:
+                stoppers.append(Canceller(task_, None))
+                stoppers[0].fire(CANCELLED)
+
+        ctx.on_cancel(stop)
 
     def expired() -> str | None:
         if lease is not None:
@@ -72,8 +79,8 @@ async def run_handler(task: Task[Any], payload: Any, ctx: Context) -> Outcome:
         finally:
             ctx.on_cancel(None)
             if timer is not None:
-                timer.close()
-            if stopper is not None:
+                others = timer.close()
+            for stopper in stoppers:
                 others = stopper.close()
         if lease is not None and guarded.stopped is not None:
             lapsed = lease.lapsed()
@@ -83,9 +90,9 @@ async def run_handler(task: Task[Any], payload: Any, ctx: Context) -> Outcome:
             return cancelled()  # it caught the stop and returned: stopped all the same
         if deadline is not None and loop.time() >= deadline:
             raise JobTimeout(f"handler ran longer than its timeout of {timeout}s")
-    except HandlerStopped as stop:
+    except HandlerStopped as stopped:
         if lease is not None and lease.lapsed() is not None:
-            raise LeaseLost(lease.key, lease.lapsed() or str(stop)) from None
+            raise LeaseLost(lease.key, lease.lapsed() or str(stopped)) from None
         if ctx.cancelled:
             return cancelled()
         return classify(task, JobTimeout(f"handler ran longer than its timeout of {timeout}s"))

@@ -284,16 +284,14 @@ class JobPath:
         return True
 
     async def _keep_alive(self, delivery: Delivery, job_id: str) -> bool:
-        """Run with each renewal of the job's lease: keep the delivery ours, publish the
-        new lease expiry, and stop the handler when ``app.cancel`` asked for it (sent in
-        the same round trip)."""
+        """Run with each renewal of the job's lease (which also moves its record's lease
+        expiry on): keep the delivery ours, and stop the handler when ``app.cancel`` asked
+        for it (sent in the same round trip)."""
         alive, cancel = await asyncio.gather(
             self.broker.keep_alive(delivery), self.broker.cancel_requested(job_id)
         )
-        if alive:
-            self.running.refresh(job_id)
-            if cancel:
-                self.running.cancel(job_id)
+        if alive and cancel:
+            self.running.cancel(job_id)
         return alive
 
     async def _invalidate(self, task: Task[Any], payload: Any) -> Outcome:

@@ -41,7 +41,7 @@ class WorkerStats:
 class RunningJob:
     """A job while it runs here: what ``app.job_status`` and the watchdog see."""
 
-    __slots__ = ("ctx", "job", "lease", "message", "progress", "started", "trace")
+    __slots__ = ("ctx", "job", "lease", "message", "progress", "published", "started", "trace")
 
     def __init__(self, job: Job, lease: Lease, trace: JobTrace, ctx: Context) -> None:
         self.job = job
@@ -51,6 +51,7 @@ class RunningJob:
         self.started = time.time()
         self.progress = 0.0
         self.message = ""
+        self.published = False
 
     def state(self, worker: str) -> dict[str, str]:
         return {
@@ -67,6 +68,10 @@ class RunningJob:
         }
 
 
+#: A running job enters the queue's running index (what ``aqw status`` and the monitor list)
+#: once it has run this long, or reports progress, so the many short jobs cost nothing there.
+STATE_AFTER = 0.5
+
 #: Jobs that ended lately, remembered (with when) for the blocked-loop watchdog: a handler
 #: that blocks the loop may end before the watchdog wakes to name it.
 ENDED_KEPT = 32
@@ -80,9 +85,10 @@ def vars_of(obj: Any) -> dict[str, Any]:
 class RunningJobs:
     """The jobs running in one worker, by job id, and the publishing of their state.
 
-    A job's record reads ``running`` from the step that took its lease; its lease expiry is
-    published again (``broker.set_job_state``) with each renewal and its progress when it
-    reports some, and its settle step writes how it ended."""
+    A job's record reads ``running`` from the step that took its lease, and each renewal
+    moves its lease expiry on; once it has run ``STATE_AFTER`` seconds, or reports progress,
+    its state is published (``broker.set_job_state``), which lists it among the running
+    jobs; its settle step writes how it ended."""
 
     def __init__(
         self, broker: Broker, worker: str, spawn: Callable[[Awaitable[Any]], None]
@@ -121,11 +127,14 @@ class RunningJobs:
         """Jobs (of the last ``ENDED_KEPT``) that ended at or after ``when`` (monotonic)."""
         return [run for ended, run in self._ended if ended >= when]
 
-    def refresh(self, job_id: str) -> None:
-        """Publish a running job's state again (its lease was renewed)."""
-        run = self._runs.get(job_id)
-        if run is not None:
-            self._spawn(self.publish(run))
+    def publish_due(self) -> None:
+        """Publish the state of jobs that have now run ``STATE_AFTER`` seconds (checked by
+        the heartbeat loop, so short jobs cost no timer and no round trip)."""
+        horizon = time.time() - STATE_AFTER
+        for run in list(self._runs.values()):
+            if not run.published and run.started <= horizon:
+                run.published = True
+                self._spawn(self.publish(run))
 
     def cancel(self, job_id: str) -> None:
         """``app.cancel`` asked for the running job ``job_id`` to stop: stop its handler."""
@@ -134,6 +143,7 @@ class RunningJobs:
             run.ctx.mark_cancelled()
 
     async def publish(self, run: RunningJob) -> None:
+        run.published = True
         await self._broker.set_job_state(run.job.id, run.state(self._worker), run.lease.ttl)
 
     async def report_progress(self, job_id: str, fraction: float, message: str) -> None:

@@ -315,9 +315,11 @@ class Worker:
 
     async def _heartbeat_loop(self) -> None:
         """Publish this worker's summary every ``heartbeat`` seconds; several times a second,
-        watch for stuck jobs (running longer than twice their task's ``sla``)."""
+        publish the state of jobs that have run a while and watch for stuck jobs (running
+        longer than twice their task's ``sla``)."""
         last_beat = 0.0
         while not self._stop.is_set():
+            self.running.publish_due()
             report_stuck(self)
             now = time.monotonic()
             if now - last_beat >= self.heartbeat:

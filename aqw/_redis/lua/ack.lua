@@ -7,24 +7,30 @@
 -- another consumer has claimed (and not yet leased) is refused too, so a holder paused past
 -- its lease cannot settle a job that is running again elsewhere.
 --
--- The job record takes the given state and fields, and the consumer as its worker, and lives
--- the given keep time; it leaves the running index. A record that has already ended (a job cancelled before it started,
--- acknowledged by the worker that fetched it) is left as it is and not counted again; a
--- record key of another type than a hash is left alone. Waking: the job id is pushed to each
--- inbox in the job's waiters set (aqw/_redis/waiters.py), which lives 5 minutes, and the set
--- is deleted. Counting: 'processed' for succeeded, else the state's name, in the stats hash.
--- KEYS[1] stream, KEYS[2] stats hash, KEYS[3] running index, then per job: lease key,
---   completion record key, job record, waiters set
--- ARGV[1] group, ARGV[2] consumer, then per job: entry id, lease token ('' for none),
---   completion record ttl in ms (0: none), job id ('' when undecodable: no job record),
---   final state, job record ttl in ms, count of the field/value values that follow, values
+-- The job record takes the given state, its finish time (the server's), the consumer as its
+-- worker and the job's own field/value pairs (a result, its last error), and lives the given
+-- keep time; it leaves the running index if it entered it. A record that has already ended
+-- (a job cancelled before it started, acknowledged by the worker that fetched it) is left as
+-- it is and not counted again; a record key of another type than a hash is left alone.
+-- Waking, only when someone waits (result_watch.lua marks the record): the job id is pushed to
+-- each inbox in the job's waiters set (aqw/_redis/waiters.py), which lives 5 minutes, and the
+-- set is deleted. Counting: 'processed' for succeeded, else the state's name, in the stats hash.
+-- Mergeable (aqw/_redis/batch.py): what the jobs of one flush share is passed once, and the
+-- per-job keys are built here from the queue's prefix (all in the queue's slot).
+-- KEYS[1] stream, KEYS[2] stats hash, KEYS[3] running index
+-- ARGV[1] group, ARGV[2] consumer, ARGV[3] key prefix (aqw:{q}:), ARGV[4] final state,
+--   ARGV[5] job record ttl in ms, ARGV[6] completion record ttl in ms (0: none), then per job:
+--   entry id, lease token ('' for none), job id ('' when undecodable: no job record),
+--   idempotency key ('' for none), count of the field/value values that follow, values
 -- Returns one reply per job: 1 when acknowledged, 0 when refused.
 local final = {succeeded = true, failed = true, dead = true, cancelled = true, expired = true}
+local prefix, state, keep, done_ttl = ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
 local function ours(entry)
   local p = redis.call('XPENDING', KEYS[1], ARGV[1], entry, entry, 1)
   return #p > 0 and p[1][2] == ARGV[2]
 end
-local function wake(waiters, job)
+local function wake(job)
+  local waiters = prefix .. 'waiters:' .. job
   local inboxes = redis.pcall('SMEMBERS', waiters)
   if inboxes.err then
     return
@@ -37,15 +43,17 @@ local function wake(waiters, job)
     redis.call('DEL', waiters)
   end
 end
+local finished = nil
 local out = {}
-local counts = {}
-local a = 3
-for i = 4, #KEYS, 4 do
-  local lease, done, rec, waiters = KEYS[i], KEYS[i + 1], KEYS[i + 2], KEYS[i + 3]
-  local entry, token, ttl, job = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3]
-  local state, keep, nvalues = ARGV[a + 4], ARGV[a + 5], tonumber(ARGV[a + 6])
-  local first = a + 7
+local counted = 0
+local a = 7
+while a <= #ARGV do
+  local entry, token, job, idem = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
+  local nvalues = tonumber(ARGV[a + 4])
+  local first = a + 5
   a = first + nvalues
+  -- Without a lease (token ''), as before a lease was taken: the entry's ownership decides.
+  local lease = prefix .. 'lease:' .. ((token ~= '' and job ~= '') and job or '-')
   local cur = redis.call('GET', lease)
   if (cur and cur ~= token) or (not cur and not ours(entry))
       or redis.call('XACK', KEYS[1], ARGV[1], entry) == 0 then
@@ -56,31 +64,40 @@ for i = 4, #KEYS, 4 do
     if cur then
       redis.call('DEL', lease)
     end
-    if ttl > 0 then
-      redis.call('SET', done, job, 'PX', ttl)
+    if done_ttl > 0 and idem ~= '' then
+      redis.call('SET', prefix .. 'done:' .. idem, job, 'PX', done_ttl)
     end
     local count = true
     if job ~= '' then
-      local was = redis.pcall('HGET', rec, 'state')
-      if type(was) ~= 'table' then
-        if was and final[was] then
+      local rec = prefix .. 'job:' .. job
+      local was = redis.pcall('HMGET', rec, 'state', 'waited', 'indexed')
+      if not was.err then
+        if was[1] and final[was[1]] then
           count = false
         else
-          redis.call('HSET', rec, 'state', state, 'worker', ARGV[2], unpack(ARGV, first, a - 1))
+          if not finished then
+            local t = redis.call('TIME')
+            finished = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1e6)
+          end
+          redis.call('HSET', rec, 'state', state, 'worker', ARGV[2], 'finished_at', finished,
+            unpack(ARGV, first, a - 1))
           redis.call('PEXPIRE', rec, keep)
-          wake(waiters, job)
+          if was[2] then
+            wake(job)
+          end
+        end
+        if was[3] then
+          redis.call('ZREM', KEYS[3], job)
         end
       end
-      redis.call('ZREM', KEYS[3], job)
     end
     if count then
-      local name = state == 'succeeded' and 'processed' or state
-      counts[name] = (counts[name] or 0) + 1
+      counted = counted + 1
     end
     out[#out + 1] = 1
   end
 end
-for name, n in pairs(counts) do
-  redis.call('HINCRBY', KEYS[2], name, n)
+if counted > 0 then
+  redis.call('HINCRBY', KEYS[2], state == 'succeeded' and 'processed' or state, counted)
 end
 return out

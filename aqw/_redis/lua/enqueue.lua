@@ -1,32 +1,38 @@
 -- Enqueue jobs and write their records in one step: per job, XADD it to the stream (or ZADD
--- it to the delayed set when it is due later) and replace its record (aqw/record.py) with a
--- fresh one: queued (delayed when run_at is given), its task, runs so far, times and key,
--- living for the given ttl (UNFINISHED_KEEP past its due time).
--- Mergeable (aqw/_redis/batch.py): concurrent single enqueues share one call.
--- KEYS[1] stream, KEYS[2] delayed zset, then per job: its record
--- ARGV per job (9): job JSON, due time in ms (0: now, into the stream), run_at (seconds;
---   '' unless due later), task, attempts, enqueued_at, expires_at ('' none), key ('' none),
---   record ttl in ms
+-- it to the delayed set when it is due later) and write a fresh record (aqw/record.py):
+-- queued (delayed when due later), its task and enqueue time, and its run_at, expires_at and
+-- key when it has them, living for the given ttl (UNFINISHED_KEEP past its due time).
+-- Mergeable (aqw/_redis/batch.py): concurrent single enqueues share one call. What the jobs
+-- of one enqueue call share is passed once; the record keys are built here from the queue's
+-- prefix (all in the queue's slot).
+-- KEYS[1] stream, KEYS[2] delayed zset
+-- ARGV[1] key prefix (aqw:{q}:), ARGV[2] record ttl in ms, ARGV[3] due time in ms (0: now,
+--   into the stream), ARGV[4] run_at (seconds; '' unless due later), ARGV[5] expires_at
+--   ('' none), ARGV[6] idempotency key ('' none), then per job (4): job JSON, job id, task,
+--   enqueued_at
 -- Returns one reply per job: 1.
+local prefix, keep, due, run_at, expires, key = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local out = {}
-for i = 3, #KEYS do
-  local a = (i - 3) * 9
-  local rec, run_at = KEYS[i], ARGV[a + 3]
-  if ARGV[a + 2] ~= '0' then
-    redis.call('ZADD', KEYS[2], ARGV[a + 2], ARGV[a + 1])
+for a = 7, #ARGV, 4 do
+  local rec = prefix .. 'job:' .. ARGV[a + 1]
+  if due ~= '0' then
+    redis.call('ZADD', KEYS[2], due, ARGV[a])
   else
-    redis.call('XADD', KEYS[1], '*', 'j', ARGV[a + 1])
+    redis.call('XADD', KEYS[1], '*', 'j', ARGV[a])
   end
   redis.call('DEL', rec)
+  redis.call('HSET', rec, 'state', run_at ~= '' and 'delayed' or 'queued', 'task', ARGV[a + 2],
+    'attempts', '0', 'enqueued_at', ARGV[a + 3])
   if run_at ~= '' then
-    redis.call('HSET', rec, 'state', 'delayed', 'run_at', run_at, 'task', ARGV[a + 4],
-      'attempts', ARGV[a + 5], 'enqueued_at', ARGV[a + 6], 'expires_at', ARGV[a + 7],
-      'key', ARGV[a + 8])
-  else
-    redis.call('HSET', rec, 'state', 'queued', 'task', ARGV[a + 4], 'attempts', ARGV[a + 5],
-      'enqueued_at', ARGV[a + 6], 'expires_at', ARGV[a + 7], 'key', ARGV[a + 8])
+    redis.call('HSET', rec, 'run_at', run_at)
   end
-  redis.call('PEXPIRE', rec, ARGV[a + 9])
+  if expires ~= '' then
+    redis.call('HSET', rec, 'expires_at', expires)
+  end
+  if key ~= '' then
+    redis.call('HSET', rec, 'key', key)
+  end
+  redis.call('PEXPIRE', rec, keep)
   out[#out + 1] = 1
 end
 return out

@@ -24,6 +24,7 @@ end
 if ARGV[5] ~= '' then
   if redis.pcall('HGET', KEYS[3], 'state') == 'running' then
     redis.call('HSET', KEYS[3], 'state', 'queued')
+    redis.call('HDEL', KEYS[3], 'indexed')
     redis.call('PEXPIRE', KEYS[3], ARGV[6])
   end
   redis.call('ZREM', KEYS[4], ARGV[5])

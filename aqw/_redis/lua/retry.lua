@@ -37,6 +37,7 @@ if type(was) ~= 'table' then
     redis.call('HSET', KEYS[5], unpack(ARGV, 9))
   end
   redis.call('PEXPIRE', KEYS[5], ARGV[8])
+  redis.call('HDEL', KEYS[5], 'indexed')
 end
 redis.call('ZREM', KEYS[6], ARGV[7])
 return 1
