@@ -54,14 +54,18 @@ async def main(jobs: int, concurrency: int) -> None:
     print(json.dumps({"processed": processed, "seconds": elapsed}))
 
 URL = sys.argv[3]
+if not aqw.__file__.startswith(sys.argv[4]):
+    raise SystemExit(f"imported {aqw.__file__}, not the tree {sys.argv[4]}")
 asyncio.run(main(int(sys.argv[1]), int(sys.argv[2])))
 """
 
 
 def trial(tree: Path, jobs: int, concurrency: int) -> float:
     env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
+    # -P: `python -c` would put the current directory first on sys.path, and a run from a
+    # checkout would import that checkout's aqw on both sides. The trial checks what it got.
     out = subprocess.run(
-        [sys.executable, "-c", TRIAL, str(jobs), str(concurrency), URL],
+        [sys.executable, "-P", "-c", TRIAL, str(jobs), str(concurrency), URL, str(tree.resolve())],
         env=env,
         capture_output=True,
         text=True,

@@ -270,3 +270,43 @@ def test_a_task_of_the_users_app(env: dict[str, str], tmp_path: Path) -> None:
     assert bad.returncode == 2 and "does not fit task 'ship'" in bad.stderr
     unnamed = bench(*common, env=env, cwd=tmp_path)
     assert unnamed.returncode == 2 and "--task other|ship" in unnamed.stderr
+
+
+RESULTS_BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "results_bench.py"
+
+
+@pytest.mark.redis
+def test_results_benchmark_tiny_run(env: dict[str, str], tmp_path: Path) -> None:
+    """``benchmarks/results_bench.py`` end to end, tiny: both drains, both latency trials,
+    the JSON report, and nothing left behind (no keys, no child process). No timing is
+    checked: the machine is shared."""
+    out = tmp_path / "results.json"
+    args = ["--jobs", "200", "--repeat", "1", "--rate", "50", "--seconds", "1"]
+    args += ["--url", REDIS_URL, "--trial-timeout", "30", "--json", str(out)]
+    result = subprocess.run(
+        [sys.executable, str(RESULTS_BENCH), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "on / off:" in result.stdout and "raw RPUSH/BLPOP baseline" in result.stdout
+    report = json.loads(out.read_text())
+    for label in ("off", "on"):
+        assert report["drain"][label]["jobs_per_s"] > 0
+    for kind in ("aqw", "raw"):
+        lat = report["latency"][kind]
+        assert lat["count"] == 50 and lat["errors"] == {}
+        assert lat["trials"][0]["worker_processed"] >= 50
+    queues = report["queues"]
+    assert len(queues) == 4
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        for queue in queues:
+            for pattern in (f"aqw:{{{queue}}}:*", f"rbench:{queue}:*"):
+                assert list(client.scan_iter(match=pattern, count=1000)) == []
+    finally:
+        client.close()
+    for queue in queues:
+        assert processes_mentioning(queue) == [], "a child process outlived the benchmark"
