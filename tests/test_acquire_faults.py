@@ -1,16 +1,18 @@
 """A lost connection exactly when a job's lease is taken: retried, no attempt spent.
 
 Through a fault-injecting TCP proxy in front of a private redis-server, the connection is cut
-exactly on the commands that carry the job's lease key (after a first job has warmed the
-connections and loaded the scripts):
+exactly on the worker's commands that name the job (its id; the job is enqueued past the
+proxy, so the first of them is the one that takes the job's lease), after a first job has
+warmed the connections and loaded the scripts:
 
 - before the command reaches the server (it never ran): once, and eight times in a row
   (more than any client-side retry could hide, so the error reaches the worker);
 - after the server ran it, in place of its reply (the key was taken and the fencing counter
   moved, but the caller cannot know).
 
-And in process, with the broker's lease backend raising a connection error (redis-py's, or
-the builtin one on the memory broker) once or twice before (or after) delegating.
+And in process, with the job's lease backend (``broker.job_lease_backend(job)``) raising a
+connection error (redis-py's, or the builtin one on the memory broker) once or twice before
+(or after) delegating.
 
 In every case the job completes exactly once, at attempt 1, promptly, and nothing is
 dead-lettered or retried.
@@ -127,28 +129,38 @@ async def proxy(private_redis: PrivateRedis) -> AsyncIterator[FaultProxy]:
 
 
 class Spy:
-    """Wraps a lease backend's ``acquire``: records what each call returned or raised, and
-    raises ``ConnectionError`` for the first ``fail`` calls (``after``: once the real
-    acquire has run, as if only its reply was lost)."""
+    """Spies on the acquire of every job's lease: each job's lease goes through the broker's
+    ``job_lease_backend(job)`` (on Redis the job-start step, elsewhere a guard around
+    ``lease_backend()``), so ``install`` wraps that method to hand out backends whose
+    ``acquire`` comes here. Records what each call returned or raised, and raises
+    ``ConnectionError`` for the first ``fail`` calls (``after``: once the real acquire has
+    run, as if only its reply was lost)."""
 
     def __init__(
         self,
-        backend: Any,
         fail: int = 0,
         after: bool = False,
         error: type[Exception] = redis.exceptions.ConnectionError,
     ) -> None:
-        self.real = backend.acquire
         self.fail, self.after, self.error = fail, after, error
         self.results: list[Any] = []
 
-    async def __call__(self, key: str, token: str, ttl_ms: int) -> int | None:
+    def install(self, broker: aqw.Broker) -> Spy:
+        real = broker.job_lease_backend
+
+        def spied(job: aqw.Job) -> Any:
+            return SpiedLease(real(job), self)
+
+        broker.job_lease_backend = spied  # type: ignore[method-assign]
+        return self
+
+    async def acquire(self, backend: Any, key: str, token: str, ttl_ms: int) -> int | None:
         if self.fail > 0 and not self.after:
             self.fail -= 1
             self.results.append("injected")
             raise self.error("injected: connection reset at acquire")
         try:
-            fence = await self.real(key, token, ttl_ms)
+            fence = await backend.acquire(key, token, ttl_ms)
         except Exception as exc:
             self.results.append(exc)
             raise
@@ -158,6 +170,22 @@ class Spy:
             raise self.error("injected: reply lost at acquire")
         self.results.append(fence)
         return fence
+
+
+class SpiedLease:
+    """A job's lease backend whose ``acquire`` goes through the spy."""
+
+    def __init__(self, backend: Any, spy: Spy) -> None:
+        self.backend, self.spy = backend, spy
+
+    async def acquire(self, key: str, token: str, ttl_ms: int) -> int | None:
+        return await self.spy.acquire(self.backend, key, token, ttl_ms)
+
+    async def renew(self, key: str, token: str, ttl_ms: int) -> bool:
+        return bool(await self.backend.renew(key, token, ttl_ms))
+
+    async def release(self, key: str, token: str) -> bool:
+        return bool(await self.backend.release(key, token))
 
 
 def register(app: aqw.App, attempts: list[int], lease_ttl: float) -> aqw.Task[Any]:
@@ -194,19 +222,25 @@ async def run_through_proxy(
     app = aqw.App(RedisBroker(proxy.url, queue))
     attempts: list[int] = []
     once = register(app, attempts, lease_ttl=ttl)
-    spy = Spy(app.broker.lease_backend())
-    app.broker.lease_backend().acquire = spy  # type: ignore[method-assign]
-    async with app.worker(concurrency=4) as worker:
-        await once.enqueue(0)  # connections open, scripts loaded
-        await eventually(lambda: worker.stats.processed >= 1, 10, "the warm-up job")
-        job_id = aqw.Job(task="once").id
-        proxy.pattern = app.broker.job_lease_key(aqw.Job(id=job_id, task="once")).encode()
-        proxy.when, proxy.cuts = when, cuts
-        started = time.monotonic()
-        await app.broker.publish([aqw.Job(id=job_id, task="once", payload=1)])
-        await eventually(lambda: worker.stats.processed >= 2, ttl + 10, "the job to complete")
-        took = time.monotonic() - started
-        await asyncio.sleep(0.3)
+    spy = Spy().install(app.broker)
+    # The job is enqueued past the proxy, so the first command of the worker's that names
+    # the job's id is the one that takes its lease (the job-start step names the job, and
+    # not necessarily its lease key: the script may build that key from the job id).
+    direct = RedisBroker(f"redis://{proxy.target[0]}:{proxy.target[1]}/0", queue)
+    try:
+        async with app.worker(concurrency=4) as worker:
+            await once.enqueue(0)  # connections open, scripts loaded
+            await eventually(lambda: worker.stats.processed >= 1, 10, "the warm-up job")
+            job = aqw.Job(task="once", payload=1)
+            proxy.pattern = job.id.encode()
+            proxy.when, proxy.cuts = when, cuts
+            started = time.monotonic()
+            await direct.publish([job])
+            await eventually(lambda: worker.stats.processed >= 2, ttl + 10, "the job to complete")
+            took = time.monotonic() - started
+            await asyncio.sleep(0.3)
+    finally:
+        await direct.close()
     return app, worker, attempts, spy, took
 
 
@@ -274,8 +308,7 @@ async def test_connection_errors_at_acquire_are_retried_without_spending_an_atte
     once = register(app, attempts, lease_ttl=5.0)
     # the connection error of the broker's own client (the memory broker has no Redis one)
     error = redis.exceptions.ConnectionError if backend.is_redis else ConnectionResetError
-    spy = Spy(app.broker.lease_backend(), fail=fail, after=after, error=error)
-    app.broker.lease_backend().acquire = spy  # type: ignore[method-assign]
+    spy = Spy(fail=fail, after=after, error=error).install(app.broker)
     try:
         async with app.worker(concurrency=4) as worker:
             started = time.monotonic()
@@ -284,7 +317,7 @@ async def test_connection_errors_at_acquire_are_retried_without_spending_an_atte
             took = time.monotonic() - started
             await asyncio.sleep(0.3)
     finally:
-        del app.broker.lease_backend().acquire  # the instance attribute: back to the method
+        del app.broker.job_lease_backend  # the instance attribute: back to the method
     injected = [r for r in spy.results if isinstance(r, str)]
     assert len(injected) == fail, spy.results
     assert isinstance(spy.results[-1], int), spy.results

@@ -9,8 +9,10 @@ What a hostile tester wrote into aqw's keys, and what must hold then:
   traceback: ``aqw dlq list`` / ``show`` exit 0, say the entry is damaged, and print no raw
   ESC (or other control) byte;
 - heartbeats that are not JSON or not of a worker's shape, a stats counter that is not an
-  integer, job states with bad numbers: ``aqw status`` (text and ``--json``) exits 0 and
-  names the damage, and the Monitor evaluates without raising.
+  integer, running jobs' records with bad numbers: ``aqw status`` (text and ``--json``) exits
+  0 and names the damage, and the Monitor evaluates without raising; ``aqw status JOB_ID``
+  names a record's damaged fields, and a record key that is not a hash reads as no record
+  (exit 6, as for an unknown job).
 
 The CLI runs as ``python -m aqw`` (a subprocess, as an operator runs it) on the real Redis;
 the library-level checks run on fakeredis and the real Redis (``redis_backend``).
@@ -36,6 +38,7 @@ from aqw._redis.keys import QueueKeys
 from aqw._text import printable
 from aqw.brokers.memory import MemoryBroker
 from aqw.brokers.redis import RedisBroker
+from aqw.cli._job import EXIT_UNKNOWN_JOB
 from aqw.dlq import dead_job_json
 from aqw.errors import FenceCorrupted
 from aqw.lease import Lease
@@ -259,7 +262,11 @@ def test_aqw_dlq_list_and_show_of_a_hostile_entry_exit_0_without_raw_escapes(
     assert item["error"] == HOSTILE_DLQ_FIELDS["error"] and item["attempts"] == 0
     assert any(n.startswith("attempts") for n in item["damaged"])
 
-    shown = ok(aqw_cli(cli_env, "dlq", "show", entry, *target))
+    human = ok(aqw_cli(cli_env, "dlq", "show", entry, *target))  # the human view
+    assert raw_controls(human) == [], human
+    assert entry in human.decode() and "attempts 'abc'" in human.decode(), human
+
+    shown = ok(aqw_cli(cli_env, "dlq", "show", entry, *target, "--json"))
     assert raw_controls(shown) == [], shown
     data = json.loads(shown)
     assert data["traceback"] == HOSTILE_DLQ_FIELDS["tb"] and data["job"] is None
@@ -330,11 +337,12 @@ def damage_commands(queue: str, now: float) -> list[tuple[Any, ...]]:
     return [
         *commands,
         ("HSET", keys.stats, "processed", "12", "x", "x", "dead", "1.5"),
+        # a running job's record (aqw/record.py) with numbers that do not parse
         (
             "HSET",
             keys.job_state("j-bad"),
-            "job_id",
-            "j-bad",
+            "state",
+            "running",
             "worker",
             "gone",
             "task",
@@ -343,7 +351,7 @@ def damage_commands(queue: str, now: float) -> list[tuple[Any, ...]]:
             "abc",
             "lease_expires_at",
             "1e999",
-            "attempt",
+            "attempts",
             "one",
         ),
         ("ZADD", keys.running, 0, "j-bad", 1, "j-str"),
@@ -502,7 +510,21 @@ def test_aqw_status_on_damaged_heartbeats_stats_and_job_states_exits_0(
     assert any("'x'" in p for p in data["problems"])
     assert [w["worker"] for w in data["workers"]] == ["w-good\x1b[2J"]
 
+    # `aqw status JOB_ID` prints the job's record (as `aqw job show`): the fields that do
+    # not parse are named and read as their defaults
     job = ok(aqw_cli(cli_env, "status", *target, "j-bad")).decode()
-    assert "damaged state" in job and "started_at 'abc'" in job
-    job = json.loads(ok(aqw_cli(cli_env, "status", *target, "j-str", "--json")))
-    assert job["running"] is True and "not a hash" in job["state"]["damaged"]
+    assert job.startswith("job j-bad: running"), job
+    [note] = [line for line in job.splitlines() if "damaged fields" in line]
+    assert note.strip() == (
+        "! damaged fields, read as their defaults: attempts, started_at, lease_expires_at"
+    ), job
+    record = json.loads(ok(aqw_cli(cli_env, "status", *target, "j-bad", "--json")))
+    assert (record["state"], record["attempts"], record["started_at"]) == ("running", 0, None)
+    assert set(record["damaged"]) == {"attempts", "started_at", "lease_expires_at"}
+    # a record key that is not a hash is no record aqw wrote: "no record of the job", exit 6
+    # (aqw.cli._job.EXIT_UNKNOWN_JOB), with one error line and no traceback
+    for argv in (("j-str",), ("j-str", "--json")):
+        done = aqw_cli(cli_env, "status", *target, *argv)
+        assert done.returncode == EXIT_UNKNOWN_JOB == 6, (done.returncode, done.stderr)
+        assert done.stdout == b"" and b"Traceback" not in done.stderr, done.stderr
+        assert b"no record of job 'j-str'" in done.stderr, done.stderr

@@ -5,8 +5,9 @@ SIGKILLed exactly before or exactly after its settle step (retry -> delayed ZSET
 dead-letter -> DLQ) is sent; a fresh worker then recovers the job: it ends exactly once
 completed or in the DLQ, never both, never twice in the delayed set or the stream.
 
-At the script level: retry.lua and dead_letter.lua move the stream entry, its PEL record, the
-lease and the ZSET/DLQ entry together, or refuse and change nothing.
+One step at a time, through the broker: retry and dead_letter move the stream entry, its PEL
+record, the lease, the ZSET/DLQ entry and the job's record together, or refuse and change
+nothing.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import fakeredis
 import pytest
@@ -27,9 +29,10 @@ from conftest import REDIS_BACKENDS, REDIS_URL, Backend, require_real_redis
 from redis.asyncio import Redis
 
 import aqw
-from aqw._redis import scripts as _scripts
 from aqw._redis.keys import GROUP, QueueKeys
+from aqw.brokers.base import Delivery, Failure
 from aqw.brokers.redis import RedisBroker
+from aqw.lease import Lease
 from tests._helpers import eventually
 
 pytestmark = pytest.mark.timeout(45)
@@ -186,73 +189,93 @@ async def test_a_worker_killed_mid_settle_loses_and_duplicates_nothing(
     }
 
 
-# -- the settle steps, one script at a time --------------------------------------------------------
+# -- the settle steps, one broker step at a time --------------------------------------------------
+#
+# Driven through a RedisBroker on the same client (consumer "c1"), so these tests pin what
+# each step moves, not the scripts' KEYS/ARGV layouts.
+
+
+@dataclass(frozen=True, slots=True)
+class HeldLease:
+    """What a settle step reads of the job's lease: its key and this holder's token."""
+
+    key: str
+    token: str
+
+
+FAILURE = Failure(
+    error_type="ValueError",
+    error="ValueError: no",
+    worker="w1",
+    first_failed_at=1.0,
+    failed_at=2.0,
+    fingerprint="fp-1",
+)
 
 
 class Stage:
-    """A queue with one job read by consumer ``c1`` and its lease held with token ``tok``."""
+    """A queue with one job fetched by consumer ``c1``, started by it (its record reads
+    running) with its lease token ``tok``; the lease may since have lapsed (``lease_owner``
+    None) or been taken by another holder (any other ``lease_owner``)."""
 
     def __init__(self, client: Redis, queue: str) -> None:
         self.client = client
+        self.queue = queue
         self.keys = QueueKeys(queue)
+        self.broker = RedisBroker(client, queue)
         self.job = aqw.Job(task="t", payload={"n": 1})
-        self.entry = ""
+        self.delivery = Delivery("", b"")
+
+    @property
+    def entry(self) -> str:
+        return self.delivery.id
+
+    @property
+    def lease(self) -> Lease:
+        return cast(Lease, HeldLease(self.keys.lease(self.job.id), "tok"))
+
+    async def consumer(self, name: str, dlq_limit: int = 100_000) -> RedisBroker:
+        """Another broker on the same client and queue, consuming as ``name``."""
+        broker = RedisBroker(self.client, self.queue, dlq_limit=dlq_limit)
+        await broker.start_consuming(name)
+        return broker
 
     async def setup(self, lease_owner: str | None = "tok") -> Stage:
-        k = self.keys
-        await self.client.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
-        await self.client.xadd(k.stream, {"j": self.job.encode()})
-        reply = await self.client.xreadgroup(GROUP, "c1", {k.stream: ">"}, count=1)
-        self.entry = reply[0][1][0][0].decode()
-        if lease_owner is not None:
-            await self.client.set(k.lease(self.job.id), lease_owner, px=30_000)
+        await self.broker.connect()
+        await self.broker.start_consuming("c1")
+        await self.broker.publish([self.job])
+        [self.delivery] = await self.broker.fetch(1, 0.1)
+        fence = await self.broker.job_lease_backend(self.job).acquire(
+            self.keys.lease(self.job.id), "tok", 30_000
+        )
+        assert fence, "c1 could not start the job"
+        assert await self.record_state() == "running"
+        if lease_owner is None:  # the lease lapsed and nobody took it
+            await self.client.delete(self.keys.lease(self.job.id))
+        elif lease_owner != "tok":  # another holder took the lease
+            await self.client.set(self.keys.lease(self.job.id), lease_owner, px=30_000)
         return self
 
-    async def retry(self, token: str = "tok", due_ms: int = 0) -> Any:
-        k = self.keys
-        return await _scripts.load("retry")(
-            self.client,
-            [k.stream, k.delayed, k.lease(self.job.id), k.stats],
-            [GROUP, token, self.entry, due_ms, self.job.next_attempt().encode(), "c1"],
+    async def retry(self, due: float = 0.0) -> bool:
+        return await self.broker.retry(
+            self.delivery, self.job.next_attempt(), due, self.lease, FAILURE
         )
 
-    async def dead_letter(
-        self, token: str = "tok", limit: int = 100, entry: str | None = None
-    ) -> Any:
-        k = self.keys
-        fields = [
-            "j",
-            self.job.encode(),
-            "task",
-            "t",
-            "job_id",
-            self.job.id,
-            "error_type",
-            "ValueError",
-            "error",
-            "ValueError: no",
-            "tb",
-            "",
-            "attempts",
-            1,
-            "first",
-            "1.0",
-            "last",
-            "2.0",
-            "worker",
-            "w1",
-        ]
-        return await _scripts.load("dead_letter")(
-            self.client,
-            [k.stream, k.dlq, k.lease(self.job.id), k.stats],
-            [GROUP, token, self.entry if entry is None else entry, limit, "c1", *fields],
-        )
+    async def dead_letter(self, limit: int = 100, entry: str | None = None) -> str | None:
+        broker = self.broker if limit == 100 else await self.consumer("c1", dlq_limit=limit)
+        delivery = self.delivery if entry is None else Delivery(entry, self.delivery.data)
+        return await broker.dead_letter(delivery, self.job, FAILURE, 1, self.lease)
 
-    async def promote(self) -> Any:
-        k = self.keys
-        return await _scripts.load("promote")(
-            self.client, [k.delayed, k.stream], [int(time.time() * 1000), 500]
-        )
+    async def promote(self) -> float | None:
+        return await self.broker.promote_due()
+
+    async def record(self) -> aqw.JobInfo:
+        info = await self.broker.record(self.job.id)
+        assert info is not None, "the job has no record"
+        return info
+
+    async def record_state(self) -> str:
+        return (await self.record()).state
 
     async def state(self) -> dict[str, Any]:
         k = self.keys
@@ -293,7 +316,7 @@ async def test_retry_step_moves_everything_in_one_step(
 ) -> None:
     s = await stage()
     assert await s.state() == UNTOUCHED
-    assert await s.retry(due_ms=1234) == 1
+    assert await s.retry(due=1.234) is True
     assert await s.state() == {
         "stream": 0,
         "pending": 0,
@@ -305,14 +328,26 @@ async def test_retry_step_moves_everything_in_one_step(
     [(member, score)] = await s.client.zrange(s.keys.delayed, 0, -1, withscores=True)
     nxt = aqw.Job.decode(member)
     assert (nxt.id, nxt.attempt, nxt.payload, score) == (s.job.id, 2, {"n": 1}, 1234)
+    # the record moved in the same step: retrying, with its run_at, runs so far, last error
+    info = await s.record()
+    assert (info.state, info.attempts) == ("retrying", 1)
+    assert info.run_at is not None and info.run_at.timestamp() == pytest.approx(1.234)
+    assert info.error is not None
+    assert (info.error.type, info.error.message, info.error.fingerprint) == (
+        "ValueError",
+        "ValueError: no",
+        "fp-1",
+    )
+    assert await s.broker.job_states() == []  # no longer running
 
 
 async def test_retry_step_without_a_lease_record_still_moves(
     stage: Callable[..., Awaitable[Stage]],
 ) -> None:
     s = await stage(lease_owner=None)  # the lease expired and nobody took it
-    assert await s.retry() == 1
+    assert await s.retry() is True
     assert (await s.state())["delayed"] == 1
+    assert await s.record_state() == "retrying"
 
 
 @pytest.mark.parametrize("step", ["retry", "dead_letter"])
@@ -321,8 +356,9 @@ async def test_a_step_refused_for_another_holder_changes_nothing(
 ) -> None:
     s = await stage(lease_owner="someone-else")
     result = await (s.retry() if step == "retry" else s.dead_letter())
-    assert result in (0, None)
+    assert result in (False, None)
     assert await s.state() == {**UNTOUCHED, "lease": "someone-else"}
+    assert await s.record_state() == "running"  # the record is the holder's, untouched
 
 
 async def test_dead_letter_step_moves_everything_in_one_step(
@@ -340,7 +376,7 @@ async def test_dead_letter_step_moves_everything_in_one_step(
         "stats": {"dead": 1},
     }
     [(dlq_id, fields)] = await s.client.xrange(s.keys.dlq)
-    assert dlq_id == entry
+    assert dlq_id.decode() == entry
     f = {k.decode(): v.decode() for k, v in fields.items()}
     assert aqw.Job.decode(f["j"]) == s.job
     assert (f["job_id"], f["error_type"], f["attempts"], f["worker"]) == (
@@ -349,31 +385,48 @@ async def test_dead_letter_step_moves_everything_in_one_step(
         "1",
         "w1",
     )
+    # the record reads dead in the same step and names the DLQ entry
+    info = await s.record()
+    assert (info.state, info.dlq_entry) == ("dead", entry)
+    assert info.error is not None and info.error.type == "ValueError"
+    assert info.finished_at is not None
+    assert await s.broker.job_states() == []
 
 
 async def test_dead_letter_step_trims_the_dlq_and_counts_it(
     stage: Callable[..., Awaitable[Stage]],
 ) -> None:
     s = await stage(lease_owner=None)
+    entries = []
     for _ in range(4):  # entry '': a message that never was a stream entry of this worker
-        assert await s.dead_letter(limit=2, entry="")
+        entry = await s.dead_letter(limit=2, entry="")
+        assert entry
+        entries.append(entry)
     state = await s.state()
     assert (state["dlq"], state["stats"]) == (2, {"dead": 4, "dlq_trimmed": 2})
     assert (state["stream"], state["pending"]) == (1, 1)  # the stream entry is not touched
+    assert [d.id for d in await s.broker.dlq_list()] == entries[2:]  # the oldest trimmed
+    info = await s.record()
+    assert (info.state, info.dlq_entry) == ("dead", entries[-1])
 
 
 async def test_promote_moves_due_jobs_once(stage: Callable[..., Awaitable[Stage]]) -> None:
     s = await stage()
-    assert await s.retry(due_ms=int(time.time() * 1000) - 10) == 1
-    later = s.job.model_copy(update={"id": "later"}).encode()
-    await s.client.zadd(s.keys.delayed, {later: int(time.time() * 1000) + 60_000})
-    moved, next_due = await s.promote()
-    assert moved == 1 and next_due > time.time() * 1000 + 50_000
-    assert await s.promote() == [0, next_due]
+    assert await s.retry(due=time.time() - 0.01) is True
+    later = s.job.model_copy(update={"id": "later"})
+    await s.broker.schedule([later], time.time() + 60)
+    next_due = await s.promote()
+    assert next_due is not None and 50 < next_due <= 60
     state = await s.state()
-    assert (state["stream"], state["pending"], state["delayed"]) == (1, 0, 1)
+    assert (state["stream"], state["pending"], state["delayed"]) == (1, 0, 1)  # one moved
+    again = await s.promote()
+    assert again is not None and 50 < again <= next_due
+    state = await s.state()
+    assert (state["stream"], state["pending"], state["delayed"]) == (1, 0, 1)  # not twice
     [(_, fields)] = await s.client.xrange(s.keys.stream)
     assert aqw.Job.decode(fields[b"j"]).attempt == 2
+    [member] = await s.client.zrange(s.keys.delayed, 0, -1)
+    assert aqw.Job.decode(member).id == "later"
 
 
 # -- a settle step sent twice (a lost reply), or by an ex-holder -----------------------------------
@@ -388,22 +441,27 @@ async def test_a_retry_step_sent_twice_schedules_once(
     stage: Callable[..., Awaitable[Stage]],
 ) -> None:
     s = await stage()
-    assert await s.retry() == 1
-    assert (await s.promote())[0] == 1  # the next attempt is already in the stream
-    assert await s.retry() == 0  # the same step again, e.g. re-sent after its reply was lost
+    assert await s.retry() is True
+    await s.promote()
+    assert (await s.state())["stream"] == 1  # the next attempt is already in the stream
+    assert await s.retry() is False  # the same step again, e.g. re-sent after its reply was lost
     state = await s.state()
     assert (state["stream"], state["pending"], state["delayed"]) == (1, 0, 0)
     assert state["stats"] == {"retried": 1}
+    assert await s.record_state() == "retrying"
 
 
 async def test_a_dead_letter_step_sent_twice_writes_one_entry(
     stage: Callable[..., Awaitable[Stage]],
 ) -> None:
     s = await stage()
-    assert await s.dead_letter()
+    entry = await s.dead_letter()
+    assert entry
     assert await s.dead_letter() is None
     state = await s.state()
     assert (state["dlq"], state["stream"], state["stats"]) == (1, 0, {"dead": 1})
+    info = await s.record()
+    assert (info.state, info.dlq_entry) == ("dead", entry)  # still the first entry's
 
 
 @pytest.mark.parametrize("step", ["retry", "dead_letter"])
@@ -412,19 +470,24 @@ async def test_an_ex_holders_late_step_after_another_settled_changes_nothing(
 ) -> None:
     s = await stage(lease_owner=None)  # c1's lease expired...
     # ...another worker reclaimed the entry, ran the job and acknowledged it
-    await s.client.xclaim(s.keys.stream, GROUP, "c2", 0, [s.entry])
-    await s.client.xack(s.keys.stream, GROUP, s.entry)
-    await s.client.xdel(s.keys.stream, s.entry)
-    result = await (s.retry() if step == "retry" else s.dead_letter())
-    assert result in (0, None)
-    assert await s.state() == {
+    other = await s.consumer("c2")
+    await asyncio.sleep(0.05)  # idle past the 10 ms the reclaim asks for
+    [taken] = await other.reclaim(1, lambda job: 0.01, 0.01)
+    assert (taken.id, taken.delivery_count) == (s.entry, 2)
+    assert await other.ack(taken, s.job, None) is True
+    after_other = await s.state()
+    assert after_other == {
         "stream": 0,
         "pending": 0,
         "delayed": 0,
         "dlq": 0,
         "lease": None,
-        "stats": {},
+        "stats": {"processed": 1},
     }
+    result = await (s.retry() if step == "retry" else s.dead_letter())
+    assert result in (False, None)
+    assert await s.state() == after_other
+    assert await s.record_state() == "succeeded"  # the other holder's end stands
 
 
 async def test_a_lost_reply_to_the_retry_step_does_not_run_the_next_attempt_twice(
