@@ -40,6 +40,7 @@ from .monitor import Alert, CallbackSink, LogSink, Monitor, Sink, WebhookSink
 from .record import JobError, JobInfo
 from .redlock import RedlockBackend
 from .retry import RetryPolicy
+from .schedule import Cron, Every, Schedule
 from .task import Enqueued, Task
 from .telemetry import Telemetry
 from .worker import Worker, WorkerStats
@@ -55,9 +56,11 @@ __all__ = [
     "CallbackSink",
     "ConfigError",
     "Context",
+    "Cron",
     "DeadJob",
     "DeadLetters",
     "Enqueued",
+    "Every",
     "HandlerStopped",
     "Job",
     "JobCancelled",
@@ -83,6 +86,7 @@ __all__ = [
     "ResultNotKept",
     "Retry",
     "RetryPolicy",
+    "Schedule",
     "Sink",
     "SqlCompletionStore",
     "Task",

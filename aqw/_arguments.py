@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 from .errors import ConfigError, PayloadTooLarge
 from .job import Job
+from .schedule import Schedule
 
 
 def check_payload_cap(value: object, what: str) -> None:
@@ -61,8 +62,15 @@ def check_task_options(
     max_result_bytes: int | None,
     keep_for: float | None,
     flags: dict[str, object],
+    needs_cache: bool = False,
+    schedule: object = None,
 ) -> None:
     """Refuse a bad ``@app.task(...)`` option with a message naming the task and option."""
+    if needs_cache:
+        raise ConfigError(
+            f"task {task!r}: invalidates= needs a cache: App(..., cache=aqw.Cache(r))"
+        )
+    check_schedule(task, schedule)
     if lease_ttl <= 0:
         raise ConfigError(f"task {task!r}: lease_ttl must be > 0, got {lease_ttl!r}")
     if timeout is not None and timeout <= 0:
@@ -92,3 +100,42 @@ def enqueue_times(
     if key is not None and (not key or len(key) > 1000):
         raise ConfigError("enqueue: key must be a non-empty string of at most 1000 chars")
     return run_at_of(delay, at), expires_at_of(expires)
+
+
+def check_app_options(
+    *,
+    keep_for: float,
+    max_payload_bytes: int | None,
+    redact_errors: object,
+    lease_ttl: float,
+    timeout: float | None,
+    max_deliveries: int,
+    idempotency_ttl: float,
+) -> None:
+    """Refuse a bad ``App(...)`` option with a message naming it."""
+    check_seconds(keep_for, "App keep_for")
+    check_payload_cap(max_payload_bytes, "App max_payload_bytes")
+    if not isinstance(redact_errors, bool):
+        raise ConfigError(f"App redact_errors must be True or False, got {redact_errors!r}")
+    if lease_ttl <= 0:
+        raise ConfigError(f"App lease_ttl must be > 0 seconds, got {lease_ttl!r}")
+    if timeout is not None and timeout <= 0:
+        raise ConfigError(f"App timeout must be > 0 seconds or None, got {timeout!r}")
+    if max_deliveries < 1:
+        raise ConfigError(f"App max_deliveries must be >= 1, got {max_deliveries!r}")
+    if idempotency_ttl <= 0:
+        raise ConfigError(f"App idempotency_ttl must be > 0 seconds, got {idempotency_ttl!r}")
+
+
+def check_schedule(task: str, schedule: object) -> None:
+    """Refuse a periodic task's bad ``schedule=``: not a ``Cron``/``Every``, an expression
+    that does not parse, an interval <= 0, a bad ``catch_up`` or ``skip_if_running``."""
+    if schedule is None:
+        return
+    if not isinstance(schedule, Schedule):
+        raise ConfigError(
+            f"task {task!r}: schedule must be aqw.Cron(...) or aqw.Every(...), got {schedule!r}"
+        )
+    problem = schedule.problem()
+    if problem is not None:
+        raise ConfigError(f"task {task!r}: schedule: {problem}")

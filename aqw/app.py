@@ -12,8 +12,7 @@ from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
 from ._arguments import (
-    check_payload_cap,
-    check_seconds,
+    check_app_options,
     check_sizes,
     check_task_options,
     enqueue_times,
@@ -27,6 +26,7 @@ from .job import Job
 from .jobs import CancelOutcome, Jobs
 from .record import DEFAULT_KEEP_FOR, JobInfo
 from .retry import RetryPolicy
+from .schedule import Schedule
 from .task import Enqueued, Handler, Invalidates, Task, TaskOptions
 from .telemetry import TRACE_DETAILS, Telemetry
 from .worker import Worker
@@ -96,18 +96,15 @@ class App:
         keep_for: float = DEFAULT_KEEP_FOR,
     ) -> None:
         validate_queue_name(queue)
-        check_seconds(keep_for, "App keep_for")
-        check_payload_cap(max_payload_bytes, "App max_payload_bytes")
-        if not isinstance(redact_errors, bool):
-            raise ConfigError(f"App redact_errors must be True or False, got {redact_errors!r}")
-        if lease_ttl <= 0:
-            raise ConfigError(f"App lease_ttl must be > 0 seconds, got {lease_ttl!r}")
-        if timeout is not None and timeout <= 0:
-            raise ConfigError(f"App timeout must be > 0 seconds or None, got {timeout!r}")
-        if max_deliveries < 1:
-            raise ConfigError(f"App max_deliveries must be >= 1, got {max_deliveries!r}")
-        if idempotency_ttl <= 0:
-            raise ConfigError(f"App idempotency_ttl must be > 0 seconds, got {idempotency_ttl!r}")
+        check_app_options(
+            keep_for=keep_for,
+            max_payload_bytes=max_payload_bytes,
+            redact_errors=redact_errors,
+            lease_ttl=lease_ttl,
+            timeout=timeout,
+            max_deliveries=max_deliveries,
+            idempotency_ttl=idempotency_ttl,
+        )
         self.broker_url = broker if isinstance(broker, str) else None
         self.broker: Broker = from_url(broker, queue) if isinstance(broker, str) else broker
         self.queue = self.broker.queue
@@ -188,6 +185,7 @@ class App:
         keep_for: float | None = None,
         max_result_bytes: int | None = 1_048_576,
         dead_letter: bool = True,
+        schedule: Schedule | None = None,
     ) -> Callable[[Handler[R]], Task[R]]: ...
 
     def task(
@@ -207,6 +205,7 @@ class App:
         keep_for: float | None = None,
         max_result_bytes: int | None = 1_048_576,
         dead_letter: bool = True,
+        schedule: Schedule | None = None,
     ) -> Task[R] | Callable[[Handler[R]], Task[R]]:
         """Register an ``async def`` handler: ``@app.task`` or ``@app.task(max_retries=5)``.
 
@@ -232,6 +231,8 @@ class App:
                 1 MiB; None: no cap); a bigger one is not kept and the record says why.
             dead_letter: move a job that fails for good to the dead-letter queue (the
                 default); False: it ends ``failed``, in its record only.
+            schedule: ``aqw.Cron("*/5 * * * *", tz=...)`` or ``aqw.Every(60)``: the workers
+                enqueue one job per tick, with no payload (see ``aqw.schedule``).
         """
 
         def register(handler: Handler[R]) -> Task[R]:
@@ -252,12 +253,10 @@ class App:
                 max_result_bytes=max_result_bytes,
                 keep_for=keep_for,
                 flags={"keep_result": keep_result, "dead_letter": dead_letter},
+                needs_cache=invalidates is not None and self.cache is None,
+                schedule=schedule,
             )
             cap = max_payload_bytes if max_payload_bytes is not None else self.max_payload_bytes
-            if invalidates is not None and self.cache is None:
-                raise ConfigError(
-                    f"task {task_name!r}: invalidates= needs a cache: App(..., cache=aqw.Cache(r))"
-                )
             options = TaskOptions(
                 policy,
                 ttl,
@@ -270,6 +269,7 @@ class App:
                 keep_for=keep_for if keep_for is not None else self.keep_for,
                 max_result_bytes=max_result_bytes,
                 dead_letter=dead_letter,
+                schedule=schedule,
             )
             task = Task(self, handler, task_name, options)
             self.tasks[task_name] = task

@@ -15,6 +15,7 @@ from .context import Context
 from .errors import ConfigError
 from .record import DEFAULT_KEEP_FOR
 from .retry import RetryPolicy
+from .schedule import Schedule
 
 R = TypeVar("R")
 Handler = Callable[..., Awaitable[R]]
@@ -75,6 +76,9 @@ class TaskOptions:
     #: Dead-letter a job that fails for good (False: it ends ``failed``, kept in its record
     #: only).
     dead_letter: bool = True
+    #: A periodic task's schedule (``aqw.Cron``, ``aqw.Every``): the workers' scheduler
+    #: enqueues one job per tick. None: enqueued by callers only.
+    schedule: Schedule | None = None
 
     def keys_to_invalidate(self, payload: Any) -> list[str]:
         """The cache keys a completed job with ``payload`` invalidates."""
@@ -133,6 +137,16 @@ class PayloadCodec:
             else:
                 self.adapter = TypeAdapter(hint)
         self.takes_payload = bool(params)
+        #: Payload parameters without a default (a periodic task may have none).
+        self.required = [p.name for p in params if p.default is inspect.Parameter.empty]
+        self._defaults = {p.name: p.default for p in params}
+
+    def no_payload(self) -> Any:
+        """The payload of a job enqueued without one (a periodic task's tick): None, or the
+        handler's defaults (an empty object when it takes several parameters)."""
+        if not self.takes_payload:
+            return None
+        return {} if self.spread else self._defaults[self.names[0]]
 
     def dump(self, payload: Any) -> Any:
         """Validate ``payload`` and return its JSON-able form; raises ValidationError."""
@@ -220,6 +234,12 @@ class Task(Generic[R]):
         self.name = name
         self.options = options
         self.codec = PayloadCodec(fn, Context)
+        if options.schedule is not None and self.codec.required:
+            raise ConfigError(
+                f"task {name!r}: schedule: a periodic job is enqueued with no payload, so the "
+                f"handler's payload parameters need defaults ({', '.join(self.codec.required)}"
+                " has none)"
+            )
         self.results = ResultCodec(fn)
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn

@@ -7,8 +7,8 @@ L0    ``aqw.cli`` (and everything under it), ``aqw.__main__``
 L1    ``aqw.fastapi``, ``aqw.monitor``, ``aqw.status``, ``aqw.dashboard``
 L2    ``aqw.app``, ``aqw.dlq``
 L3    ``aqw.worker``
-L4    ``aqw.task``, ``aqw.context``, ``aqw.telemetry``, ``aqw.cache``, ``aqw._cache_entry``,
-      ``aqw.idempotency``
+L4    ``aqw.task``, ``aqw.schedule``, ``aqw.context``, ``aqw.telemetry``, ``aqw.cache``,
+      ``aqw._cache_entry``, ``aqw.idempotency``
 L5    ``aqw.brokers``
 L6    ``aqw.lease``, ``aqw.redlock``, ``aqw.retry``
 L7    ``aqw._redis``, ``aqw.job``, ``aqw.errors``, ``aqw._ids``, ``aqw._cancel``,
@@ -51,7 +51,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("fastapi", "monitor", "status", "dashboard"),
     ("app", "dlq", "jobs", "_arguments"),
     ("worker",),
-    ("task", "context", "telemetry", "cache", "_cache_entry", "idempotency"),
+    ("task", "schedule", "context", "telemetry", "cache", "_cache_entry", "idempotency"),
     ("brokers",),
     ("lease", "_lease_keeper", "redlock", "retry"),
     (
@@ -75,6 +75,7 @@ REDIS_ALLOWED = (
     "brokers/redis.py",
     "brokers/_redis_status.py",  # the Redis broker's status records, split from redis.py
     "brokers/_redis_jobs.py",  # the Redis broker's job steps (scripts), split from redis.py
+    "brokers/_redis_schedule.py",  # the Redis broker's schedule marks (periodic tasks)
     "brokers/sqs/_keys_redis.py",  # SQS idempotency-key records in Redis (``records=``)
     "cache.py",
     "redlock.py",

@@ -44,6 +44,11 @@ class QueueKeys:
     def stats(self) -> str:
         return f"{self.tag}:stats"
 
+    @property
+    def schedule(self) -> str:
+        """The hash of the periodic tasks' schedule marks: task -> "<tick> <job id>"."""
+        return f"{self.tag}:schedule"
+
     def lease(self, job_id: str) -> str:
         return f"{self.tag}:lease:{job_id}"
 

@@ -6,6 +6,7 @@ from urllib.parse import urlsplit
 
 from ..errors import ConfigError
 from ._local_records import CancelOutcome
+from ._schedule_marks import ScheduleMark
 from .base import Broker, DeadJob, Delivery, Failure, Finish, QueueDepth
 from .memory import MemoryBroker
 from .redis import RedisBroker, split_queue
@@ -18,6 +19,7 @@ __all__ = [
     "Failure",
     "Finish",
     "QueueDepth",
+    "ScheduleMark",
     "from_url",
 ]
 

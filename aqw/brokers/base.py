@@ -18,6 +18,7 @@ from ..lease import Lease, LeaseBackend
 from ..record import DEFAULT_KEEP_FOR, JobInfo
 from ._local_records import CancelOutcome, LocalRecords, LocalStartGuard
 from ._local_status import LocalStatus
+from ._schedule_marks import ScheduleMarks
 
 
 @dataclass(slots=True)
@@ -43,12 +44,7 @@ class QueueDepth:
     dead: int
 
     def as_dict(self) -> dict[str, int]:
-        return {
-            "waiting": self.waiting,
-            "in_flight": self.in_flight,
-            "delayed": self.delayed,
-            "dead": self.dead,
-        }
+        return {n: getattr(self, n) for n in ("waiting", "in_flight", "delayed", "dead")}
 
 
 @dataclass(slots=True, frozen=True)
@@ -78,9 +74,7 @@ class Finish:
 
     def fields(self, worker: str, finished_at: float) -> dict[str, str]:
         """The record fields this finish writes (besides ``state``)."""
-        out = {"finished_at": repr(finished_at)}
-        if worker:
-            out["worker"] = worker
+        out = {"finished_at": repr(finished_at), **({"worker": worker} if worker else {})}
         if self.result is not None:
             out["result"] = self.result
         if self.note:
@@ -144,7 +138,7 @@ class DeadJob:
         }
 
 
-class Broker(abc.ABC):
+class Broker(ScheduleMarks, abc.ABC):
     """A queue the runtime consumes from. One instance serves one queue."""
 
     #: ``messaging.system`` for telemetry.
@@ -196,6 +190,11 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     async def schedule(self, jobs: Sequence[Job], run_at: float) -> None:
         """Make ``jobs`` available at ``run_at`` (seconds since the epoch)."""
+
+    @property
+    def keyed_enqueue(self) -> bool:
+        """True when ``publish_unique`` (enqueue with an idempotency key) works here."""
+        return type(self).publish_unique is not Broker.publish_unique
 
     async def publish_unique(self, job: Job, ttl: float, run_at: float | None) -> tuple[str, bool]:
         """Enqueue ``job`` unless a job with its idempotency key (``job.key``) was enqueued

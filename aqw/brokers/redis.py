@@ -5,8 +5,9 @@ Layout (all keys share the ``{queue}`` hash tag): ``aqw:{q}:stream`` holds unfin
 time), ``aqw:{q}:dlq`` (capped stream), ``aqw:{q}:fence`` (fencing counter),
 ``aqw:{q}:lease:<job id>``, ``aqw:{q}:stats``, and per job its record ``aqw:{q}:job:<id>``
 (``aqw/record.py``; written by the same scripts that move the job, ``_redis_jobs.py``), the
-``aqw:{q}:running`` index of running jobs and, while someone waits for a job to end,
-``aqw:{q}:waiters:<id>`` and the waiting processes' inboxes (``aqw/_redis/waiters.py``).
+``aqw:{q}:running`` index of running jobs, ``aqw:{q}:schedule`` (the periodic tasks' marks,
+``_redis_schedule.py``) and, while someone waits for a job to end, ``aqw:{q}:waiters:<id>``
+and the waiting processes' inboxes (``aqw/_redis/waiters.py``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ from ..record import DEFAULT_KEEP_FOR, JobInfo
 from ._local_records import CancelOutcome
 from ._redis_jobs import RedisJobLease, RedisJobs
 from ._redis_records import dead_job_of, decode_job, delivery_of, text
+from ._redis_schedule import RedisSchedule
 from ._redis_status import RedisStatus
+from ._schedule_marks import ScheduleMark
 from .base import Broker, DeadJob, Delivery, Failure, Finish, QueueDepth
 
 __all__ = ["MAX_BLOCK", "RedisBroker", "make_client", "split_queue"]
@@ -69,6 +72,7 @@ class RedisBroker(Broker):
         self._leases = RedisLeaseBackend(self.batcher, fence_key=self.keys.fence)
         self.jobs = RedisJobs(self.client, self.batcher, self.keys, self._leases, dlq_limit)
         self.waiters = JobWaiters(self.client, self.batcher, self.keys)
+        self.marks = RedisSchedule(self.client, self.keys)
         self._keep_alive = _scripts.load("keep_alive")
         self._promote = _scripts.load("promote")
         self._group_ready = False
@@ -309,6 +313,12 @@ class RedisBroker(Broker):
 
     async def job_states(self, limit: int = 1000) -> list[dict[str, str]]:
         return await self.status.job_states(limit)
+
+    async def schedule_marks(self) -> dict[str, ScheduleMark]:
+        return await self.marks.marks()  # ``aqw:{q}:schedule``, shared by every process
+
+    async def set_schedule_mark(self, task: str, mark: ScheduleMark) -> None:
+        await self.marks.set_mark(task, mark)
 
     async def publish_heartbeat(self, worker: str, data: dict[str, Any], ttl: float) -> None:
         await self.status.publish_heartbeat(worker, data, ttl)

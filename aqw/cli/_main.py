@@ -1,5 +1,5 @@
-"""The ``aqw`` command line: ``worker``, ``enqueue``, ``status``, ``job``, ``monitor``, ``dlq``
-and ``bench``.
+"""The ``aqw`` command line: ``worker``, ``enqueue``, ``status``, ``job``, ``monitor``, ``dlq``,
+``cron`` and ``bench``.
 
 Settings come from arguments first, then ``AQW_*`` environment variables (``AQW_APP``,
 ``AQW_BROKER``, ``AQW_QUEUE``, ``AQW_CONCURRENCY``, ``AQW_PREFETCH``, ``AQW_GRACE``,
@@ -22,6 +22,7 @@ from .._redis.client import CLIENT_ERRORS
 from .._text import printable
 from .._version import __version__
 from ..errors import AqwError, ConfigError, UnknownJob, UnknownTask
+from . import _cron as cron_cli
 from . import _dlq as dlq_cli
 from . import _enqueue as enqueue_cli
 from . import _job as job_cli
@@ -50,6 +51,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = 
     "job": job_cli.run,
     "monitor": monitor_cli.run,
     "dlq": dlq_cli.run,
+    "cron": cron_cli.run,
     "bench": bench_cli.run,
 }
 
@@ -74,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     monitor_cli.add_parser(sub)
     bench_cli.add_parser(sub)
     dlq_cli.add_parser(sub)
+    cron_cli.add_parser(sub)
     return parser
 
 

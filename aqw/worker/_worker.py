@@ -32,6 +32,7 @@ from ._job_path import JobPath
 from ._locks import ResourceLock
 from ._outage import Outage
 from ._running import RunningJobs, WorkerStats
+from ._scheduler import Scheduler
 from ._settle import Settler
 from ._slots import Slots
 from ._stats import SlidingStats
@@ -152,6 +153,7 @@ class Worker:
         #: One voice for a broker outage, shared by the fetch, promote, reclaim and heartbeat
         #: loops: a warning when the broker stops answering, a line when it answers again.
         self.outage = Outage(self.broker.describe())
+        self.scheduler = Scheduler(self.broker, app.tasks, self._stop, self.outage, self.name)
         self.intake = Intake(
             self.broker,
             self.slots,
@@ -206,6 +208,7 @@ class Worker:
             raise RuntimeError("a Worker can be started once")
         if not self.app.tasks:
             raise ConfigError("the app registers no tasks: nothing to run")
+        self.scheduler.check()  # periodic tasks need keyed enqueues
         try:
             await self.broker.connect()
         except self._transient as exc:
@@ -223,6 +226,7 @@ class Worker:
             spawn(self.intake.reclaim_loop(), name="aqw-reclaim"),
             spawn(self._heartbeat_loop(), name="aqw-heartbeat"),
             spawn(LoopWatchdog.of(self).run(), name="aqw-watchdog"),
+            spawn(self.scheduler.run(), name="aqw-scheduler"),
         ]
         if self.handle_signals:
             self._install_signal_handlers()

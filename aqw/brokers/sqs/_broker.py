@@ -222,6 +222,11 @@ class SQSBroker(Broker):
             if records.info(job.id) is None:
                 records.enqueued(job, run_at)
 
+    @property
+    def keyed_enqueue(self) -> bool:
+        """Only with a ``records=`` store for the keys."""
+        return bool(self._keys.enabled)
+
     async def publish_unique(self, job: Job, ttl: float, run_at: float | None) -> tuple[str, bool]:
         """With ``records=``: claim the key in the store, send, keep the key for ``ttl``
         seconds (see ``aqw.brokers.sqs._keys`` for the windows); without it a ConfigError
