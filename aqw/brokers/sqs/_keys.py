@@ -52,26 +52,22 @@ class KeyStore(Protocol):
     async def claim(self, queue: str, key: str, job_id: str, ttl: float) -> str | None:
         """Take ``key`` for ``job_id`` for ``ttl`` seconds unless an enqueue or completion
         record holds it: None when taken, else the id of the job that holds it."""
-        ...
 
     async def confirm(self, queue: str, key: str, job_id: str, ttl: float) -> bool:
         """Extend ``job_id``'s claim to ``ttl`` seconds (taking the key again if the claim
         lapsed and nobody took it); False when another job holds it now."""
-        ...
 
     async def release(self, queue: str, key: str, job_id: str) -> None:
         """Drop ``job_id``'s claim (its message was not sent); another job's stays."""
-        ...
 
     async def complete(self, queue: str, key: str, job_id: str, ttl: float) -> None:
         """Write the completion record of ``key`` for ``ttl`` seconds."""
-        ...
 
     async def is_completed(self, queue: str, key: str) -> bool:
         """True while ``key`` has a completion record."""
-        ...
 
-    async def close(self) -> None: ...
+    async def close(self) -> None:
+        """Close the store's connections."""
 
 
 def redact_url(url: str) -> str:
