@@ -9,11 +9,13 @@ import json
 import logging
 import os
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
 
+import aqw
+from aqw.brokers.sqs import SQSBroker
 from tests._helpers import moto_server
 
 AWS_ENV = {
@@ -109,3 +111,26 @@ async def sqs(sqs_endpoint: str) -> AsyncIterator[SQSKit]:
     session = aioboto3.Session()
     async with session.client("sqs", region_name="us-east-1", endpoint_url=sqs_endpoint) as client:
         yield SQSKit(sqs_endpoint, client)
+
+
+#: ``new_app(...)``: an App whose broker is closed after the test.
+AppFactory = Callable[..., aqw.App]
+
+
+@pytest.fixture
+async def new_app() -> AsyncIterator[AppFactory]:
+    """``new_app(...)`` whose broker is closed after the test, pass or fail."""
+    apps: list[aqw.App] = []
+
+    def make(*args: Any, **kwargs: Any) -> aqw.App:
+        apps.append(aqw.App(*args, **kwargs))
+        return apps[-1]
+
+    yield make
+    for app in apps:
+        await app.close()
+
+
+def broker_of(app: aqw.App) -> SQSBroker:
+    assert isinstance(app.broker, SQSBroker)
+    return app.broker

@@ -12,7 +12,6 @@ import signal
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from aqw.brokers import from_url
 from aqw.brokers.sqs import MAX_DELAY, SQSBroker
 from tests._helpers import eventually, redis_url_db
 
-from .conftest import SQSKit
+from .conftest import AppFactory, SQSKit, broker_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,34 +36,12 @@ def fast_retry(max_retries: int = 5) -> aqw.RetryPolicy:
     return aqw.RetryPolicy(max_retries=max_retries, base=0.05, cap=0.1)
 
 
-AppFactory = Callable[..., aqw.App]
-
-
 class Order(BaseModel):
     n: int
 
 
 class Event(BaseModel):
     x: int
-
-
-@pytest.fixture
-async def new_app() -> AsyncIterator[AppFactory]:
-    """``new_app(...)`` whose broker is closed after the test, pass or fail."""
-    apps: list[aqw.App] = []
-
-    def make(*args: Any, **kwargs: Any) -> aqw.App:
-        apps.append(aqw.App(*args, **kwargs))
-        return apps[-1]
-
-    yield make
-    for app in apps:
-        await app.close()
-
-
-def broker_of(app: aqw.App) -> SQSBroker:
-    assert isinstance(app.broker, SQSBroker)
-    return app.broker
 
 
 # -- configuration ----------------------------------------------------------------------------

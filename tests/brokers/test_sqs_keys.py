@@ -10,7 +10,7 @@ import functools
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aioboto3  # noqa: F401 - the sqs extra must be installed for these tests
@@ -25,15 +25,13 @@ from aqw.brokers.sqs import RecordsUnavailable, SQSBroker, SQSUnavailable
 from aqw.brokers.sqs._keys import open_store
 from tests._helpers import PG_DSNS, eventually, free_port, pg_where, redis_url_db, run_burst
 
-from .conftest import SQSKit
+from .conftest import AppFactory, SQSKit, broker_of
 
 #: ``eventually``, polling moto gently (it is slow under load).
 until = functools.partial(eventually, interval=0.05)
 
 #: The Redis database the Redis store uses here (db 15 is the lock-store test's).
 REDIS_DB = 14
-
-AppFactory = Callable[..., aqw.App]
 
 
 class Order(BaseModel):
@@ -83,25 +81,6 @@ async def records(request: pytest.FixtureRequest, queue: str) -> AsyncIterator[s
         await conn.execute("DELETE FROM aqw_sqs_keys WHERE queue = $1", queue)
     finally:
         await conn.close()
-
-
-@pytest.fixture
-async def new_app() -> AsyncIterator[AppFactory]:
-    """``new_app(...)`` whose broker is closed after the test, pass or fail."""
-    apps: list[aqw.App] = []
-
-    def make(*args: Any, **kwargs: Any) -> aqw.App:
-        apps.append(aqw.App(*args, **kwargs))
-        return apps[-1]
-
-    yield make
-    for app in apps:
-        await app.close()
-
-
-def broker_of(app: aqw.App) -> SQSBroker:
-    assert isinstance(app.broker, SQSBroker)
-    return app.broker
 
 
 def with_task(app: aqw.App, runs: Counter[int]) -> None:
