@@ -398,3 +398,31 @@ async def test_a_validation_error_at_enqueue_is_not_a_retry(backend: Backend) ->
     with pytest.raises(ValidationError):
         await typed.enqueue("seven")
     assert await depth(app) == (0, 0, 0, 0)
+
+
+async def test_burst_waits_for_its_own_retry_when_counts_read_empty() -> None:
+    """A broker whose counts are approximate (SQS reads them one by one) can report an empty
+    queue as a retried message turns visible; a burst worker still runs that retry."""
+    app = aqw.App(
+        "memory://", retry=aqw.RetryPolicy(max_retries=2, base=1.5, cap=1.5, jitter=False)
+    )
+    runs: list[int] = []
+
+    @app.task
+    async def flaky(n: int, ctx: aqw.Context) -> None:
+        runs.append(ctx.attempt)
+        if ctx.attempt == 1:
+            raise ConnectionError("upstream unavailable")
+
+    broker = app.broker
+
+    async def nothing_counted() -> aqw.QueueDepth:
+        return aqw.QueueDepth(waiting=0, in_flight=0, delayed=0, dead=0)
+
+    broker.depth = nothing_counted  # type: ignore[method-assign]
+    await flaky.enqueue(1)
+    worker = app.worker(burst=True, concurrency=2)
+    await asyncio.wait_for(worker.run(), 10)
+    assert runs == [1, 2]
+    assert (worker.stats.processed, worker.stats.retried) == (1, 1)
+    await app.close()

@@ -19,6 +19,11 @@ log = logging.getLogger("aqw.worker")
 
 #: In burst mode, delayed jobs due within this many seconds are waited for.
 BURST_HORIZON = 10.0
+#: In burst mode, seconds past the due time of this worker's own latest retry during which
+#: an empty queue is not believed: a broker whose counts are approximate (SQS rounds a
+#: retry's visibility up to whole seconds and reads its counters one by one) can report
+#: nothing waiting and nothing in flight as the retried message turns visible.
+RETRY_SLACK = 2.0
 
 
 class Intake:
@@ -32,6 +37,8 @@ class Intake:
             per that TTL, and claims each job once its own lease has lapsed.
         outage: the worker's outage reporter: the loops tell it of each failed and each
             successful broker call, and it does the logging (one warning per outage).
+        retry_due: when the latest retry this worker made is due (epoch seconds, 0: none);
+            a burst does not end while one is due soon or just came due.
     """
 
     def __init__(
@@ -46,6 +53,7 @@ class Intake:
         lease_ttl: Callable[[Job | None], float],
         min_ttl: float,
         outage: Outage | None = None,
+        retry_due: Callable[[], float] = lambda: 0.0,
     ) -> None:
         self.broker = broker
         self.slots = slots
@@ -58,6 +66,7 @@ class Intake:
         self.outage = outage if outage is not None else Outage(broker.describe())
         self.transient = broker.transient_errors
         self.next_due: float | None = None
+        self.retry_due = retry_due
         self._idle_fetches = 0
 
     async def fetch_loop(self) -> None:
@@ -94,6 +103,9 @@ class Intake:
             return
         self._idle_fetches += 1
         if self._idle_fetches < 2:
+            return
+        due = self.retry_due()
+        if due - BURST_HORIZON < time.time() < due + RETRY_SLACK:
             return
         try:
             depth = await self.broker.depth()

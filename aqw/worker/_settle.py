@@ -74,6 +74,8 @@ class Settler:
         self.record_ttl = record_ttl
         self.redact = redact
         self.within = within
+        #: When the latest retry this worker made is due (epoch seconds; 0: none yet).
+        self.retry_due = 0.0
 
     async def settle(
         self,
@@ -250,6 +252,7 @@ class Settler:
         if ok:
             self.stats.retried += 1
             self.window.count("retried")
+            self.retry_due = max(self.retry_due, due)
         return ok
 
     async def dead_letter(

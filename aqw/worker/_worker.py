@@ -164,6 +164,7 @@ class Worker:
             lease_ttl=self._lease_ttl_of,
             min_ttl=min(ttls),
             outage=self.outage,
+            retry_due=lambda: self.settler.retry_due,
         )
 
     @property
