@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from _helpers import eventually
+from _worker_script import ledger_key
 from redis.asyncio import Redis
 
 import aqw
@@ -346,5 +347,38 @@ async def test_the_leader_sigkilled_another_takes_over_without_a_gap(
     try:
         keys = await _enqueued_keys(client, queue_name)
         _check_one_per_tick(keys, 1.0, 7)  # catch_up=10 covers the takeover gap
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.redis
+async def test_a_sigstopped_leader_thawed_later_enqueues_nothing_twice(
+    redis_url: str, queue_name: str, repo_root: Path, subprocess_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The leader is frozen (SIGSTOP) past its lease: another leads; thawed, the old leader
+    may still believe it leads for a moment, and every tick it enqueues then is one the
+    per-tick idempotency key already holds: each tick is enqueued, and runs, exactly once."""
+    client = Redis.from_url(redis_url)
+    procs = await _start(3, queue_name, repo_root, subprocess_env, tmp_path)
+    victim = -1
+    try:
+        await eventually(lambda: len(_leaders(procs)) == 1, 15, "a leader")
+        await asyncio.sleep(2)
+        victim = _leaders(procs)[0]
+        procs[victim][0].send_signal(signal.SIGSTOP)
+        await eventually(lambda: len(_leaders(procs)) == 2, 10, "a new leader")
+        await asyncio.sleep(2)
+        procs[victim][0].send_signal(signal.SIGCONT)
+        await asyncio.sleep(4)
+    finally:
+        if victim >= 0:
+            procs[victim][0].send_signal(signal.SIGCONT)
+        await _stop(procs)
+    try:
+        keys = await _enqueued_keys(client, queue_name)
+        _check_one_per_tick(keys, 1.0, 8)
+        ran = [k.decode() for k in await client.lrange(ledger_key(queue_name), 0, -1)]  # type: ignore[misc]
+        assert len(ran) == len(set(ran)), f"a tick ran twice: {sorted(ran)}"
+        assert set(ran) <= set(keys)
     finally:
         await client.aclose()
