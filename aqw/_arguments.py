@@ -6,14 +6,37 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from .brokers._debounce import DEBOUNCE_HEADER
 from .errors import ConfigError, PayloadTooLarge
-from .job import Job
+from .job import MAX_PRIORITY, MIN_PRIORITY, Job
 from .schedule import Schedule
 
 
 def check_payload_cap(value: object, what: str) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise ConfigError(f"{what} must be a positive integer (bytes) or None, got {value!r}")
+
+
+def check_priority(value: object, what: str) -> None:
+    """Refuse a priority that is not an integer level (``bool`` is not one) in range."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not MIN_PRIORITY <= value <= MAX_PRIORITY
+    ):
+        raise ConfigError(
+            f"{what}: priority must be an integer {MIN_PRIORITY}-{MAX_PRIORITY} (higher runs "
+            f"first), got {value!r}"
+        )
+
+
+def priority_of(value: object, default: int, what: str) -> int:
+    """``value`` as a checked priority level, or ``default`` when it is None."""
+    if value is None:
+        return default
+    check_priority(value, what)
+    assert isinstance(value, int)
+    return value
 
 
 def check_seconds(value: object, what: str) -> None:
@@ -100,6 +123,41 @@ def enqueue_times(
     if key is not None and (not key or len(key) > 1000):
         raise ConfigError("enqueue: key must be a non-empty string of at most 1000 chars")
     return run_at_of(delay, at), expires_at_of(expires)
+
+
+def _seconds(value: object) -> bool:
+    """True for a finite number of seconds > 0 (not a bool)."""
+    return not isinstance(value, bool) and isinstance(value, int | float) and 0 < value < 1e9
+
+
+def debounce_headers(
+    headers: dict[str, str] | None,
+    key: str | None,
+    timed: bool,
+    count: int,
+    debounce: float | None,
+    debounce_max: float | None,
+) -> dict[str, str]:
+    """Check ``enqueue``'s ``debounce`` and ``debounce_max`` (``timed``: a ``delay`` or ``at``
+    was given; ``count``: payloads); the job's headers, marked when it is debounced."""
+    if debounce is None:
+        if debounce_max is not None:
+            raise ConfigError("enqueue: debounce_max needs debounce= (seconds) as well")
+        return dict(headers or {})
+    if key is None:
+        raise ConfigError("enqueue: debounce needs key= (the key whose burst runs once)")
+    if not _seconds(debounce):
+        raise ConfigError(f"enqueue: debounce must be finite seconds > 0, got {debounce!r}")
+    if debounce_max is not None and not (_seconds(debounce_max) and debounce_max >= debounce):
+        raise ConfigError(
+            f"enqueue: debounce_max must be finite seconds >= debounce ({debounce!r}), "
+            f"got {debounce_max!r}"
+        )
+    if timed:
+        raise ConfigError("enqueue: debounce cannot be combined with delay= or at=")
+    if count != 1:
+        raise ConfigError(f"enqueue: debounce takes exactly one payload, got {count}")
+    return {**(headers or {}), DEBOUNCE_HEADER: "1"}
 
 
 def check_app_options(

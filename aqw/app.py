@@ -2,33 +2,28 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, TypeVar, Unpack, overload
 
-from opentelemetry import metrics, trace
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
-from ._arguments import (
-    check_app_options,
-    check_sizes,
-    check_task_options,
-    enqueue_times,
-)
+from ._arguments import check_app_options
+from ._producing import enqueue_jobs
+from ._queue_telemetry import QueueTelemetry
 from ._redis.keys import validate_queue_name
-from .brokers import Broker, from_url
+from ._registration import TaskSettings, task_options
+from .brokers import Broker, broker_for_queue, from_url
+from .brokers.multi import check_queue
 from .cache import Cache
 from .dlq import DeadLetters
 from .errors import ConfigError, UnknownTask
-from .job import Job
 from .jobs import CancelOutcome, Jobs
 from .record import DEFAULT_KEEP_FOR, JobInfo
 from .retry import RetryPolicy
-from .schedule import Schedule
-from .task import Enqueued, Handler, Invalidates, Task, TaskOptions
-from .telemetry import TRACE_DETAILS, Telemetry
+from .task import Enqueued, Handler, Task
+from .telemetry import Telemetry
 from .worker import Worker
 
 R = TypeVar("R")
@@ -118,14 +113,14 @@ class App:
         self.max_payload_bytes = max_payload_bytes
         self.redact_errors = redact_errors
         self.keep_for = keep_for
-        self._tracer_provider = tracer_provider
-        self._meter_provider = meter_provider
-        self._trace_link = trace_link
-        if trace_detail not in TRACE_DETAILS:
-            raise ValueError(f"trace_detail must be one of {TRACE_DETAILS}, not {trace_detail!r}")
-        self._trace_detail = trace_detail
-        self._telemetry: Telemetry | None = None
-        self._telemetry_key: tuple[int, int] = (0, 0)
+        self._telemetry = QueueTelemetry(
+            tracer_provider,
+            meter_provider,
+            link=trace_link,
+            detail=trace_detail,
+            redact=redact_errors,
+        )
+        self._brokers: dict[str, Broker] = {}  # other queues' brokers (``broker_for``)
 
     def use_broker(self, broker: str | Broker, queue: str | None = None) -> None:
         """Point this app at another broker (a URL or a ``Broker``) and, optionally, another
@@ -137,7 +132,8 @@ class App:
             self.broker_url = None
             self.broker = broker
         self.queue = self.broker.queue
-        self._telemetry = None
+        self._telemetry.reset()
+        self._brokers = {}
 
     def __repr__(self) -> str:
         broker = type(self.broker).__name__
@@ -146,21 +142,22 @@ class App:
     @property
     def telemetry(self) -> Telemetry:
         """Spans and metrics of this app's queue, following the configured providers."""
-        tp = self._tracer_provider or trace.get_tracer_provider()
-        mp = self._meter_provider or metrics.get_meter_provider()
-        key = (id(tp), id(mp))
-        if self._telemetry is None or key != self._telemetry_key:
-            self._telemetry = Telemetry(
-                self.queue,
-                self.broker.system,
-                tracer_provider=tp,
-                meter_provider=mp,
-                link=self._trace_link,
-                detail=self._trace_detail,
-                redact=self.redact_errors,
-            )
-            self._telemetry_key = key
-        return self._telemetry
+        return self.telemetry_for(self.queue)
+
+    def telemetry_for(self, queue: str) -> Telemetry:
+        """Spans and metrics of ``queue`` (``messaging.destination.name``)."""
+        return self._telemetry.of(queue, self.broker_for(queue).system)
+
+    def broker_for(self, queue: str) -> Broker:
+        """The broker of ``queue``: this app's own for ``app.queue``, else one built from it
+        (a Redis queue on the same connection pool; the in-process or SQS queue of that
+        name) once, then kept. A bad name is a ConfigError naming ``queue``."""
+        if queue == self.queue:
+            return self.broker
+        if queue not in self._brokers:
+            name = check_queue(queue)
+            self._brokers[name] = broker_for_queue(self.broker, self.broker_url, name)
+        return self._brokers[queue]
 
     # -- registration ----------------------------------------------------------------------
 
@@ -169,23 +166,7 @@ class App:
 
     @overload
     def task(
-        self,
-        fn: None = None,
-        /,
-        *,
-        name: str | None = None,
-        max_retries: int | None = None,
-        retry: RetryPolicy | None = None,
-        lease_ttl: float | None = None,
-        timeout: float | None = None,
-        sla: float | None = None,
-        invalidates: Invalidates | None = None,
-        max_payload_bytes: int | None = None,
-        keep_result: bool = False,
-        keep_for: float | None = None,
-        max_result_bytes: int | None = 1_048_576,
-        dead_letter: bool = True,
-        schedule: Schedule | None = None,
+        self, fn: None = None, /, *, name: str | None = None, **settings: Unpack[TaskSettings]
     ) -> Callable[[Handler[R]], Task[R]]: ...
 
     def task(
@@ -194,18 +175,7 @@ class App:
         /,
         *,
         name: str | None = None,
-        max_retries: int | None = None,
-        retry: RetryPolicy | None = None,
-        lease_ttl: float | None = None,
-        timeout: float | None = None,
-        sla: float | None = None,
-        invalidates: Invalidates | None = None,
-        max_payload_bytes: int | None = None,
-        keep_result: bool = False,
-        keep_for: float | None = None,
-        max_result_bytes: int | None = 1_048_576,
-        dead_letter: bool = True,
-        schedule: Schedule | None = None,
+        **settings: Unpack[TaskSettings],
     ) -> Task[R] | Callable[[Handler[R]], Task[R]]:
         """Register an ``async def`` handler: ``@app.task`` or ``@app.task(max_retries=5)``.
 
@@ -233,45 +203,23 @@ class App:
                 default); False: it ends ``failed``, in its record only.
             schedule: ``aqw.Cron("*/5 * * * *", tz=...)`` or ``aqw.Every(60)``: the workers
                 enqueue one job per tick, with no payload (see ``aqw.schedule``).
+            queue: the queue this task's jobs go to (default: the app's ``queue``); an
+                enqueue's ``queue=`` overrides it.
+            priority: the level of this task's jobs, an integer 0-9 (default 0; higher runs
+                first), unless an enqueue names its own.
+            rate_limit: most starts across every worker, ``"100/s"`` (also ``/min``, ``/h``),
+                evenly spaced; a job over it waits in the delayed set, no attempt spent.
+            rate_key: a function of the payload: one rate bucket per key it returns.
+            concurrency_key: a function of the payload; with ``max_per_key`` (an integer >= 1),
+                at most that many jobs of one key run at once across every worker.
+            max_per_key: see ``concurrency_key``.
         """
 
         def register(handler: Handler[R]) -> Task[R]:
             task_name = name or handler.__qualname__
             if task_name in self.tasks:
                 raise ConfigError(f"a task named {task_name!r} is already registered")
-            policy = retry or self.retry
-            if max_retries is not None:
-                policy = policy.with_max_retries(max_retries)
-            ttl = lease_ttl if lease_ttl is not None else self.lease_ttl
-            limit = timeout if timeout is not None else self.timeout
-            check_task_options(
-                task_name,
-                lease_ttl=ttl,
-                timeout=limit,
-                sla=sla,
-                max_payload_bytes=max_payload_bytes,
-                max_result_bytes=max_result_bytes,
-                keep_for=keep_for,
-                flags={"keep_result": keep_result, "dead_letter": dead_letter},
-                needs_cache=invalidates is not None and self.cache is None,
-                schedule=schedule,
-            )
-            cap = max_payload_bytes if max_payload_bytes is not None else self.max_payload_bytes
-            options = TaskOptions(
-                policy,
-                ttl,
-                limit,
-                sla,
-                self.max_deliveries,
-                invalidates,
-                max_payload_bytes=cap,
-                keep_result=keep_result,
-                keep_for=keep_for if keep_for is not None else self.keep_for,
-                max_result_bytes=max_result_bytes,
-                dead_letter=dead_letter,
-                schedule=schedule,
-            )
-            task = Task(self, handler, task_name, options)
+            task = Task(self, handler, task_name, task_options(self, task_name, settings))
             self.tasks[task_name] = task
             return task
 
@@ -305,33 +253,28 @@ class App:
         at: datetime | None = None,
         headers: dict[str, str] | None = None,
         expires: float | datetime | None = None,
+        debounce: float | None = None,
+        debounce_max: float | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
     ) -> list[Enqueued]:
-        """Validate and enqueue jobs of ``task`` (a Task or a task name), one per payload.
-        ``expires``: seconds from now, or a time, after which a job must not start (it
-        then ends ``expired`` without running)."""
+        """Validate and enqueue jobs of ``task`` (a Task or a task name), one per payload;
+        the options are ``Task.enqueue``'s."""
         target = self.get_task(task) if isinstance(task, str) else task
-        run_at, expires_at = enqueue_times(key, delay, at, expires)
-        bodies = [target.validate(p) for p in payloads]  # raises before anything is written
-        heads = dict(headers or {})
-        jobs = [
-            Job(task=target.name, payload=b, key=key, headers=heads, expires_at=expires_at)
-            for b in bodies
-        ]
-        with self.telemetry.publish(jobs):  # measured here: with the trace headers it adds
-            check_sizes(target.name, target.options.max_payload_bytes, jobs)
-            if key is not None:
-                if len(jobs) != 1:
-                    raise ConfigError("enqueue: an idempotency key names exactly one job")
-                due = run_at if run_at is not None and run_at > time.time() else None
-                job_id, duplicate = await self.broker.publish_unique(
-                    jobs[0], self.idempotency_ttl, due
-                )
-                return [Enqueued(job_id, duplicate)]
-            if run_at is not None and run_at > time.time():
-                await self.broker.schedule(jobs, run_at)
-            else:
-                await self.broker.publish(jobs)
-        return [Enqueued(job.id) for job in jobs]
+        return await enqueue_jobs(
+            self,
+            target,
+            payloads,
+            key=key,
+            delay=delay,
+            at=at,
+            headers=headers,
+            expires=expires,
+            debounce=debounce,
+            debounce_max=debounce_max,
+            queue=queue,
+            priority=priority,
+        )
 
     # -- running ---------------------------------------------------------------------------
 
@@ -344,6 +287,8 @@ class App:
         burst: bool = False,
         handle_signals: bool = False,
         heartbeat: float = 5.0,
+        queues: Sequence[str] | Mapping[str, float] | None = None,
+        priority_share: float = Broker.priority_share,
     ) -> Worker:
         """A worker for this app, used as ``async with app.worker(concurrency=64):``.
 
@@ -357,6 +302,12 @@ class App:
             handle_signals: stop gracefully on SIGINT/SIGTERM.
             heartbeat: seconds between the worker's published summaries (for
                 ``aqw status`` and the monitor).
+            queues: serve several queues with one pool of slots: a list (strict order: an
+                earlier queue's waiting job is always taken first) or ``{name: weight}``
+                (fetch shares by weight). Default: the app's queue only.
+            priority_share: the lower priority levels' share of fetches, 0 to 1 (default
+                0.05): about that fraction of fetches start from the lowest level with jobs
+                waiting instead of the highest, so no level starves. 0: strict priority.
         """
         return Worker(
             self,
@@ -366,6 +317,8 @@ class App:
             burst=burst,
             handle_signals=handle_signals,
             heartbeat=heartbeat,
+            queues=queues,
+            priority_share=priority_share,
         )
 
     @property
@@ -396,5 +349,6 @@ class App:
         return await Jobs(self).cancel(job_id)
 
     async def close(self) -> None:
-        """Close the broker's connections."""
-        await self.broker.close()
+        """Close the brokers' connections."""
+        for broker in [*self._brokers.values(), self.broker]:
+            await broker.close()

@@ -49,6 +49,7 @@ from ._cache_entry import (
 )
 from ._ids import new_token
 from ._redis import scripts as _scripts
+from ._redis.cluster import hash_slot, is_cluster
 from .errors import ConfigError
 
 __all__ = ["Cache", "CacheEntry", "CacheEventHook"]
@@ -121,6 +122,7 @@ class Cache:
         self._put = _scripts.load("cache_put")
         self._invalidate = _scripts.load("cache_invalidate")
         self._unlock = _scripts.load("cache_unlock")
+        self._cluster = is_cluster(redis)
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -285,7 +287,15 @@ class Cache:
     # -- internals -----------------------------------------------------------------------------
 
     def _keys(self, key: str) -> CacheKeys:
-        return CacheKeys.of(self.prefix, key)
+        keys = CacheKeys.of(self.prefix, key)
+        if self._cluster and hash_slot(keys.entry) != hash_slot(keys.version):
+            # An empty hash tag ("{}"): Redis then hashes each whole key name.
+            raise ConfigError(
+                f"Cache key {key!r} with prefix {self.prefix!r} makes an empty hash tag, so "
+                "its keys land in different cluster slots: keep '{}' out of the prefix and do not "
+                "start the key with '}'"
+            )
+        return keys
 
     async def _read(self, keys: CacheKeys, floor: int) -> CacheEntry:
         current_raw, version_raw, data = await self._get(self.redis, [keys.entry, keys.version], [])

@@ -88,6 +88,28 @@ class Retry(AqwError):
         self.reason = reason
 
 
+class RateLimited(AqwError):
+    """Raised by a handler when an upstream said "too many requests" (an HTTP 429): the job
+    waits ``retry_after`` seconds in the delayed set and runs again, without spending an
+    attempt (its attempt number and retry budget are unchanged).
+
+    The runtime raises it too, inside the worker, when a task's ``rate_limit`` or
+    ``max_per_key`` refuses a job's start; ``reason`` is then ``"rate_limit"`` or
+    ``"concurrency"`` (``"handler"`` when a handler raised it).
+    """
+
+    def __init__(self, retry_after: float, *, reason: str = "handler") -> None:
+        if isinstance(retry_after, bool) or not (
+            isinstance(retry_after, int | float) and math.isfinite(retry_after) and retry_after >= 0
+        ):
+            raise ConfigError(
+                f"RateLimited(retry_after=...) must be a finite number >= 0, got {retry_after!r}"
+            )
+        super().__init__(f"rate limited ({reason}): retry after {retry_after:.3f}s")
+        self.retry_after = float(retry_after)
+        self.reason = reason
+
+
 class Reject(AqwError):
     """Raised by a handler to send the job straight to the dead-letter queue."""
 

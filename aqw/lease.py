@@ -60,8 +60,11 @@ class Lease:
     """An exclusive, renewed, fenced lease on ``key``.
 
     Args:
-        backend: a ``redis.asyncio`` client, or any ``LeaseBackend``.
-        key: the key to own.
+        backend: a ``redis.asyncio`` client (``Redis`` or ``RedisCluster``), or any
+            ``LeaseBackend``.
+        key: the key to own. Its fencing counter is ``<key>:fence``; on a cluster it must
+            be in the key's slot, so an untagged key's counter is ``{<key>}:fence``, and an
+            untagged key holding a ``}`` is refused with ``aqw.ConfigError``.
         ttl: seconds the lease lives without renewal.
         wait: seconds to wait for a held key before raising ``aqw.LeaseUnavailable``;
             ``None`` or ``0`` fails fast.
@@ -94,9 +97,12 @@ class Lease:
             raise ConfigError(f"Lease renew_every must be in (0, ttl), got {renew_every!r}")
         if not key:
             raise ConfigError("Lease key must be a non-empty string")
-        self.backend: LeaseBackend = (
-            backend if is_lease_backend(backend) else RedisLeaseBackend(cast(Any, backend))
-        )
+        if is_lease_backend(backend):
+            self.backend: LeaseBackend = backend
+        else:
+            redis_backend = RedisLeaseBackend(cast(Any, backend))
+            redis_backend.fence_key(key)  # on a cluster: a key it cannot fence fails here
+            self.backend = redis_backend
         self.key = key
         self.ttl = ttl
         self.wait = wait or 0.0

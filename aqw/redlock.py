@@ -56,6 +56,13 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from ._redis import scripts as _scripts
+from ._redis.cluster import (
+    hash_slot,
+    is_cluster,
+    is_cluster_url,
+    make_cluster_client,
+    same_slot_fence_key,
+)
 from .errors import ConfigError
 
 log = logging.getLogger("aqw.redlock")
@@ -120,6 +127,7 @@ class RedlockBackend:
         self.clock_drift_factor = clock_drift_factor
         self.per_node_timeout = per_node_timeout
         self._fence_key = fence_key
+        self._cluster = any(is_cluster(client) for client in self.clients)
         self._acquire = _scripts.load("lease_acquire")
         self._renew = _scripts.load("lease_renew")
         self._release = _scripts.load("lease_release")
@@ -134,7 +142,8 @@ class RedlockBackend:
         fence_key: str | Callable[[str], str] | None = None,
         **client_kwargs: Any,
     ) -> RedlockBackend:
-        """A backend over one new client per URL (``redis://host:port/db``).
+        """A backend over one new client per URL (``redis://host:port/db``, or
+        ``redis+cluster://host:port,...`` for a server that is a Redis Cluster).
 
         The clients fail fast: ``socket_connect_timeout=0.2``, ``socket_timeout=0.2`` and no
         retries (``retry=Retry(NoBackoff(), 0)``); ``client_kwargs`` override these and are
@@ -149,7 +158,11 @@ class RedlockBackend:
         for url in urls:
             kwargs = dict(options)
             kwargs.setdefault("retry", Retry(NoBackoff(), 0))
-            clients.append(Redis.from_url(url, **kwargs))
+            if is_cluster_url(url):  # one of the servers is a cluster (its own quorum member)
+                cluster: Any = make_cluster_client(url, **kwargs)
+                clients.append(cluster)
+            else:
+                clients.append(Redis.from_url(url, **kwargs))
         return cls(
             clients,
             clock_drift_factor=clock_drift_factor,
@@ -173,12 +186,18 @@ class RedlockBackend:
         await self.close()
 
     def fence_key(self, key: str) -> str:
-        """The key of the fencing counter of ``key`` (on every server)."""
+        """The key of the fencing counter of ``key`` (on every server): ``<key>:fence``, or
+        when a server is a Redis Cluster one in the key's own slot (``{<key>}:fence`` for an
+        untagged key; ``aqw.ConfigError`` for an untagged key holding ``}``)."""
         if self._fence_key is None:
-            return f"{key}:fence"
-        if isinstance(self._fence_key, str):
-            return self._fence_key
-        return self._fence_key(key)
+            return same_slot_fence_key(key) if self._cluster else f"{key}:fence"
+        fence = self._fence_key if isinstance(self._fence_key, str) else self._fence_key(key)
+        if self._cluster and hash_slot(fence) != hash_slot(key):
+            raise ConfigError(
+                f"lease key {key!r} and its fencing counter {fence!r} are in different "
+                "cluster slots: give both the same hash tag"
+            )
+        return fence
 
     def drift_ms(self, ttl_ms: int) -> float:
         """Milliseconds of a ``ttl_ms`` lease reserved for clock drift."""

@@ -11,6 +11,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, TypeAdapter, ValidationError, create_model
 
+from .brokers._flow import NO_FLOW, FlowControl
 from .context import Context
 from .errors import ConfigError
 from .record import DEFAULT_KEEP_FOR
@@ -34,6 +35,10 @@ class TaskApp(Protocol):
         at: datetime | None = None,
         headers: dict[str, str] | None = None,
         expires: float | datetime | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
+        debounce: float | None = None,
+        debounce_max: float | None = None,
     ) -> list[Enqueued]: ...
 
 
@@ -79,6 +84,13 @@ class TaskOptions:
     #: A periodic task's schedule (``aqw.Cron``, ``aqw.Every``): the workers' scheduler
     #: enqueues one job per tick. None: enqueued by callers only.
     schedule: Schedule | None = None
+    #: The priority level of this task's jobs unless an enqueue names one: 0-9, higher
+    #: runs first.
+    priority: int = 0
+    #: Rate limit and per-key concurrency cap (``@app.task(rate_limit=..., ...)``).
+    flow: FlowControl = NO_FLOW
+    #: The queue this task's jobs go to unless an enqueue names one (None: the app's).
+    queue: str | None = None
 
     def keys_to_invalidate(self, payload: Any) -> list[str]:
         """The cache keys a completed job with ``payload`` invalidates."""
@@ -264,6 +276,10 @@ class Task(Generic[R]):
         at: datetime | None = None,
         headers: dict[str, str] | None = None,
         expires: float | datetime | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
+        debounce: float | None = None,
+        debounce_max: float | None = None,
     ) -> Enqueued:
         """Enqueue one job and return its id.
 
@@ -277,10 +293,31 @@ class Task(Generic[R]):
             headers: extra string metadata carried with the job.
             expires: seconds from now, or a time, after which the job must not start: it
                 then ends ``expired`` without running.
+            priority: the job's level, an integer 0-9 (default: the task's, 0 unless set):
+                a waiting job of a higher level is handed out before any of a lower one.
+            queue: the queue to put it on (default: the task's ``queue``, else the app's).
+            debounce: seconds (needs ``key``, no ``delay``/``at``): a burst of enqueues of
+                one key runs once, with the last payload, this long after the burst goes
+                quiet. While the key's job waits, an enqueue replaces its payload and
+                headers, pushes its start back and returns its id with ``duplicate=True``;
+                once it has started, an enqueue makes a new job. The key is no idempotency
+                key: a finished job does not block the next burst.
+            debounce_max: seconds: a burst's job starts no later than this long after its
+                first enqueue, however long the burst goes on (>= ``debounce``).
         """
         return (
             await self.app.enqueue(
-                self, [payload], key=key, delay=delay, at=at, headers=headers, expires=expires
+                self,
+                [payload],
+                key=key,
+                delay=delay,
+                at=at,
+                headers=headers,
+                expires=expires,
+                priority=priority,
+                queue=queue,
+                debounce=debounce,
+                debounce_max=debounce_max,
             )
         )[0]
 
@@ -291,9 +328,21 @@ class Task(Generic[R]):
         delay: float | None = None,
         at: datetime | None = None,
         expires: float | datetime | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
     ) -> list[Enqueued]:
-        """Enqueue many jobs in one round trip; every payload is validated first."""
-        return await self.app.enqueue(self, list(payloads), delay=delay, at=at, expires=expires)
+        """Enqueue many jobs in one round trip; every payload is validated first. All of
+        them take ``priority`` (default: the task's) and go to ``queue`` (default: the
+        task's, else the app's)."""
+        return await self.app.enqueue(
+            self,
+            list(payloads),
+            delay=delay,
+            at=at,
+            expires=expires,
+            priority=priority,
+            queue=queue,
+        )
 
 
 def is_validation_error(exc: BaseException) -> bool:

@@ -4,7 +4,7 @@ One import direction, top to bottom; a module imports only its own layer or belo
 
 ====  =====================================================================================
 L0    ``aqw.cli`` (and everything under it), ``aqw.__main__``
-L1    ``aqw.fastapi``, ``aqw.monitor``, ``aqw.status``, ``aqw.dashboard``
+L1    ``aqw.fastapi``, ``aqw.monitor``, ``aqw.status``, ``aqw.dashboard``, ``aqw.schedules``
 L2    ``aqw.app``, ``aqw.dlq``
 L3    ``aqw.worker``
 L4    ``aqw.task``, ``aqw.schedule``, ``aqw.context``, ``aqw.telemetry``, ``aqw.cache``,
@@ -48,8 +48,8 @@ PUBLIC = -1
 #: for a package, everything under it.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli", "__main__"),
-    ("fastapi", "monitor", "status", "dashboard"),
-    ("app", "dlq", "jobs", "_arguments"),
+    ("fastapi", "monitor", "status", "dashboard", "schedules"),
+    ("app", "dlq", "jobs", "_arguments", "_producing", "_queue_telemetry", "_registration"),
     ("worker",),
     ("task", "schedule", "context", "telemetry", "cache", "_cache_entry", "idempotency"),
     ("brokers",),
@@ -76,6 +76,7 @@ REDIS_ALLOWED = (
     "brokers/_redis_status.py",  # the Redis broker's status records, split from redis.py
     "brokers/_redis_jobs.py",  # the Redis broker's job steps (scripts), split from redis.py
     "brokers/_redis_schedule.py",  # the Redis broker's schedule marks (periodic tasks)
+    "brokers/_redis_views.py",  # the Redis broker's depth history and delayed page
     "brokers/sqs/_keys_redis.py",  # SQS idempotency-key records in Redis (``records=``)
     "cache.py",
     "redlock.py",
@@ -88,6 +89,8 @@ LAZY_EXTRAS: dict[tuple[str, str], str] = {
     ("aqw.brokers", "aqw.brokers.sqs"): "aioboto3 is the optional 'sqs' extra",
     # sqs:// ...&records=postgresql://... needs the 'postgres' extra (asyncpg).
     ("aqw.brokers.sqs._keys", "aqw.brokers.sqs._keys_pg"): "asyncpg: the 'postgres' extra",
+    # aqw dashboard needs the 'dashboard' extra (starlette, jinja2); loaded when it runs.
+    ("aqw.cli._dashboard", "aqw.dashboard"): "starlette and jinja2: the 'dashboard' extra",
 }
 
 #: A module longer than this is two ideas.

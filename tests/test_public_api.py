@@ -37,6 +37,7 @@ EXPECTED = [
     "Monitor",
     "PayloadTooLarge",
     "QueueDepth",
+    "RateLimited",
     "RedisLeaseBackend",
     "RedlockBackend",
     "Reject",

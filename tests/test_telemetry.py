@@ -12,7 +12,6 @@ import gc
 import re
 import sys
 import textwrap
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,7 +21,8 @@ import pytest
 import redis as sync_redis
 from _otlp_receiver import OtlpReceiver, attributes, iter_points
 from conftest import REDIS_BACKENDS, REDIS_URL, Backend, delete_queue_keys
-from opentelemetry import metrics, trace
+from opentelemetry import baggage, metrics, trace
+from opentelemetry import context as otel_context
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -388,6 +388,53 @@ async def test_stages_detail_is_one_trace_from_publish_to_settle(
     assert times(lease)[1] <= times(handler)[0]
     assert times(handler)[0] <= times(user)[0] and times(user)[1] <= times(handler)[1]
     assert times(handler)[1] <= times(settle)[0]
+
+
+@pytest.mark.parametrize("detail", list(DETAIL))
+async def test_a_sampled_out_job_records_nothing_and_its_handler_follows_the_decision(
+    backend: Backend, otel: Otel, detail: str
+) -> None:
+    app = backend.app(**DETAIL[detail], **otel.providers())
+    tracer = trace.get_tracer("tests.handler", tracer_provider=otel.tp)
+    seen: list[tuple[int, bool]] = []
+
+    @app.task(name="work")
+    async def work(n: int) -> None:
+        # the SDK's default sampler (ParentBased(ALWAYS_ON)) would record this span if it
+        # started a trace of its own
+        with tracer.start_as_current_span("user.work") as span:
+            seen.append((span.get_span_context().trace_id, span.is_recording()))
+
+    # a caller whose trace is not sampled: the job's traceparent carries the decision
+    unsampled = trace.NonRecordingSpan(
+        trace.SpanContext(0xABC, 0xDEF, is_remote=False, trace_flags=trace.TraceFlags(0))
+    )
+    with trace.use_span(unsampled):
+        await work.enqueue_many(range(3))
+    worker = await run_burst(app)
+    assert worker.stats.processed == 3
+    assert otel.spans() == [], "no publish, process or handler span recorded"
+    assert seen == [(0xABC, False)] * 3, "the handler's spans stay in the caller's trace"
+
+
+async def test_baggage_of_the_producer_is_current_in_the_handler(
+    backend: Backend, otel: Otel
+) -> None:
+    app = backend.app(**otel.providers())
+    seen: list[object] = []
+
+    @app.task(name="work")
+    async def work(n: int) -> None:
+        seen.append(baggage.get_baggage("tenant"))
+
+    token = otel_context.attach(baggage.set_baggage("tenant", "acme"))
+    try:
+        await work.enqueue(1)
+    finally:
+        otel_context.detach(token)
+    await run_burst(app)
+    assert seen == ["acme"]
+    assert one(otel.spans(), f"process {backend.queue}").parent is not None
 
 
 @pytest.mark.parametrize("detail", list(DETAIL))
@@ -857,7 +904,7 @@ def test_histogram_values_are_kept_and_recorded_in_a_batch_at_collection() -> No
     mp.shutdown()
 
 
-def test_a_full_batch_is_recorded_without_waiting_for_a_collection(
+def test_a_full_batch_is_recorded_at_once_and_every_value_exactly_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(aqw.telemetry._instruments, "MAX_PENDING", 4)
@@ -866,14 +913,16 @@ def test_a_full_batch_is_recorded_without_waiting_for_a_collection(
     instruments = aqw.telemetry._instruments.INSTRUMENTS[mp]
     recorded: list[int] = []
     record = instruments._record
-    monkeypatch.setattr(instruments, "_record", lambda p: (record(p), recorded.append(len(p))))
-    for i in range(6):
-        tel.observe("aqw.job.duration", float(i), "t")
-    deadline = time.monotonic() + 5
-    while not recorded and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert recorded == [1], "the full batch went to the SDK from a thread"
-    assert len(instruments.pending[("aqw.job.duration", "q", "t")][0]) == 2
+    monkeypatch.setattr(
+        instruments,
+        "_record",
+        lambda p: (record(p), recorded.append(sum(len(v) for v, _ in p.values()))),
+    )
+    values = [float(i) for i in range(11)]
+    for value in values:
+        tel.observe("aqw.job.duration", value, "t")
+    assert recorded == [4, 4], "each full batch went to the SDK by the caller, at once"
+    assert len(instruments.pending[("aqw.job.duration", "q", "t")][0]) == 3
     data = reader.get_metrics_data()
     assert data is not None
     (metric,) = [
@@ -883,8 +932,43 @@ def test_a_full_batch_is_recorded_without_waiting_for_a_collection(
         for m in sm.metrics
         if m.name == "aqw.job.duration"
     ]
-    assert [p.count for p in metric.data.data_points] == [6], "none lost, none twice"
+    (point,) = metric.data.data_points
+    assert (point.count, point.sum, point.min, point.max) == (11, sum(values), 0.0, 10.0)
+    assert recorded == [4, 4, 3], "none lost, none twice"
     mp.shutdown()
+
+
+async def test_a_stopping_worker_hands_every_kept_value_to_the_sdk(
+    backend: Backend, otel: Otel
+) -> None:
+    app = backend.app(**otel.providers())
+
+    @app.task(name="work")
+    async def work(n: int) -> None:
+        pass
+
+    n = 7
+    await work.enqueue_many(range(n))
+    instruments = aqw.telemetry._instruments.INSTRUMENTS[otel.mp]
+    recorded: Counter[str] = Counter()
+    record = instruments._record
+
+    def counting(pending: Any) -> None:
+        for (name, _, _), (values, _) in pending.items():
+            recorded[name] += len(values)
+        record(pending)
+
+    instruments._record = counting  # type: ignore[method-assign]
+    worker = await run_burst(app)
+    assert worker.stats.processed == n
+    # before any collection: the stop itself recorded them
+    assert instruments.pending == {}
+    assert recorded == {"aqw.job.duration": n, "aqw.job.wait": n}
+    m = otel.metrics()
+    base = base_attrs(backend)
+    assert per_task(m, "aqw.job.duration", base) == {"work": n}
+    assert per_task(m, "aqw.job.wait", base) == {"work": n}
+    assert recorded == {"aqw.job.duration": n, "aqw.job.wait": n}, "recorded once"
 
 
 async def test_two_apps_on_one_meter_provider_count_their_own_queues(

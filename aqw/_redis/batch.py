@@ -12,12 +12,14 @@ hundred jobs instead of a hundred scripts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError, NoScriptError, ResponseError, TimeoutError
 
+from .cluster import is_cluster
 from .scripts import Script
 
 Resolver = Callable[[Any], None]
@@ -49,6 +51,7 @@ class CommandBatcher:
     def __init__(self, client: Redis, max_batch: int = 512) -> None:
         self.client = client
         self.max_batch = max_batch
+        self._cluster = is_cluster(client)
         self._queue: list[_Call | _Item] = []
         self._flusher: asyncio.Task[None] | None = None
 
@@ -141,7 +144,25 @@ class CommandBatcher:
         pipe = self.client.pipeline(transaction=False)
         for args in commands:
             pipe.execute_command(*args)
-        return list(await pipe.execute(raise_on_error=False))
+        if not self._cluster:
+            return list(await pipe.execute(raise_on_error=False))
+        try:
+            replies = list(await pipe.execute(raise_on_error=False))
+        except (ConnectionError, TimeoutError):
+            await self._after_lost_node()
+            raise
+        if any(isinstance(r, ConnectionError | TimeoutError) for r in replies):
+            await self._after_lost_node()
+        return replies
+
+    async def _after_lost_node(self) -> None:
+        """A cluster pipeline whose node failed leaves redis-py's slot map as it was
+        (a single command marks it stale, a pipeline does not), so a process that only
+        pipelines would keep writing to a dead master after its replica took over. Closing
+        the client's connections makes the next command read the slots again, as redis-py
+        does itself on ``CLUSTERDOWN``; commands blocked meanwhile fail and are retried."""
+        with contextlib.suppress(Exception):
+            await self.client.aclose()
 
 
 def _resolve_one(fut: asyncio.Future[Any]) -> Resolver:

@@ -3,13 +3,15 @@ option is taken off without losing the encoding of the others."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 from urllib.parse import parse_qsl, quote, urlencode
 
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
+
+from .cluster import is_cluster_url, make_cluster_client
 
 #: The errors of the Redis client library: for code that reports them without importing it.
 CLIENT_ERRORS: tuple[type[Exception], ...] = (RedisError,)
@@ -24,7 +26,9 @@ def make_client(url: str, **overrides: Any) -> Redis:
     A command whose reply was lost may have run: re-sending an XADD would enqueue a job twice.
     aqw retries where it knows a step is safe to repeat (every settle script refuses a second
     run, a lease acquire by the same token is taken again), so the client does not. A broken
-    connection is re-opened by the next command."""
+    connection is re-opened by the next command. A ``redis+cluster://`` URL gets a
+    ``RedisCluster`` with the same policy (``cluster.make_cluster_client``): it has the
+    commands of ``Redis`` that aqw uses, so it is typed as one here."""
     options: dict[str, Any] = {
         "socket_connect_timeout": 5.0,
         "socket_timeout": MAX_BLOCK + 10.0,
@@ -33,6 +37,9 @@ def make_client(url: str, **overrides: Any) -> Redis:
         "retry": Retry(NoBackoff(), 0),
     }
     options.update(overrides)
+    if is_cluster_url(url):
+        client: Any = make_cluster_client(url, **options)
+        return cast(Redis, client)
     return Redis.from_url(url, **options)
 
 
@@ -77,7 +84,19 @@ def describe_broker(broker: OnRedis) -> str:
         scheme = "rediss" if "ssl" in connection.lower() else "redis"
         where = f"{scheme}://{kwargs['host']}:{kwargs.get('port', 6379)}/{db}"
     else:  # a cluster client, or one whose settings this cannot read
-        nodes = getattr(client, "startup_nodes", None) or []
-        hosts = ",".join(f"{n.host}:{n.port}" for n in nodes[:3] if hasattr(n, "host"))
-        where = f"redis cluster {hosts}" if hosts else "redis"
+        where = _cluster_where(client)
     return f"{where} queue={broker.queue}"
+
+
+def _cluster_where(client: Any) -> str:
+    """``redis cluster host:port,...`` (the startup nodes, up to three, then ``,...``), or
+    ``redis`` for a client whose nodes this cannot read."""
+    nodes = [n for n in getattr(client, "startup_nodes", None) or [] if hasattr(n, "host")]
+    if not nodes:
+        return "redis"
+    tls = getattr(client, "connection_kwargs", {}).get("connection_class")
+    scheme = "rediss cluster" if "ssl" in getattr(tls, "__name__", "").lower() else "redis cluster"
+    hosts = ",".join(
+        f"[{n.host}]:{n.port}" if ":" in n.host else f"{n.host}:{n.port}" for n in nodes[:3]
+    )
+    return f"{scheme} {hosts}{',...' if len(nodes) > 3 else ''}"

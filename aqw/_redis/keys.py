@@ -32,6 +32,22 @@ class QueueKeys:
     def delayed(self) -> str:
         return f"{self.tag}:delayed"
 
+    def stream_for(self, level: int) -> str:
+        """The stream of priority level ``level``: level 0 is ``stream`` itself, others
+        ``aqw:{q}:stream:p<level>``."""
+        return f"{self.tag}:stream:p{level}" if level else f"{self.tag}:stream"
+
+    def delayed_for(self, level: int) -> str:
+        """The delayed set of priority level ``level`` (a job due later, a retry or any job
+        put off waits here, then goes back to its level's stream): level 0 is ``delayed``."""
+        return f"{self.tag}:delayed:p{level}" if level else f"{self.tag}:delayed"
+
+    @property
+    def levels(self) -> str:
+        """The set of the priority levels above 0 that producers have used on this queue
+        (``aqw/brokers/_redis_levels.py``): what workers read besides level 0."""
+        return f"{self.tag}:levels"
+
     @property
     def dlq(self) -> str:
         return f"{self.tag}:dlq"
@@ -49,11 +65,27 @@ class QueueKeys:
         """The hash of the periodic tasks' schedule marks: task -> "<tick> <job id>"."""
         return f"{self.tag}:schedule"
 
+    @property
+    def depth(self) -> str:
+        """The depth history: a ZSET of "<bucket> <waiting> <in flight> <delayed> <dead>"
+        scored by bucket start (``depth_sample.lua``, one per bucket, trimmed)."""
+        return f"{self.tag}:depth"
+
     def lease(self, job_id: str) -> str:
         return f"{self.tag}:lease:{job_id}"
 
     def lock(self, name: str) -> str:
         return f"{self.tag}:lock:{name}"
+
+    def rate(self, bucket: str) -> str:
+        """The GCRA state of rate bucket ``bucket`` (``<task>[:<key>]``, ``job_start.lua``
+        builds the same name); it expires once idle."""
+        return f"{self.tag}:rate:{bucket}"
+
+    def slots(self, key: str) -> str:
+        """The holders of per-key cap ``key``: a ZSET of their lease key names
+        (``job_start.lua`` builds the same name; it lives as long as its longest lease)."""
+        return f"{self.tag}:slots:{key}"
 
     def done(self, key: str) -> str:
         """The completion record of idempotency key ``key``."""
@@ -62,6 +94,11 @@ class QueueKeys:
     def idempotency(self, key: str) -> str:
         """The enqueue record of idempotency key ``key``."""
         return f"{self.tag}:key:{key}"
+
+    def debounce(self, key: str) -> str:
+        """The record of debounce key ``key``'s waiting job: a hash of its id, its member
+        in the delayed set and its burst's first enqueue (``debounce.lua``)."""
+        return f"{self.tag}:debounce:{key}"
 
     @property
     def running(self) -> str:

@@ -9,13 +9,15 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from ..errors import FenceCorrupted
+from ..errors import ConfigError, FenceCorrupted
 from . import scripts
 from .batch import CommandBatcher
+from .cluster import hash_slot, is_cluster, same_slot_fence_key
 
 
 class RedisLeaseBackend:
-    """Leases in Redis. The fencing counter of a key lives at ``fence_key`` (or ``<key>:fence``)."""
+    """Leases in Redis. The fencing counter of a key lives at ``fence_key`` (or ``<key>:fence``;
+    on a cluster in the key's own slot, see ``fence_key``)."""
 
     #: The last fencing token handed out: the scripts refuse to count past it (Lua numbers
     #: are doubles, exact up to 2^53).
@@ -28,17 +30,27 @@ class RedisLeaseBackend:
     ) -> None:
         self._client = client
         self._fence_key = fence_key
+        target = client.client if isinstance(client, CommandBatcher) else client
+        self._cluster = is_cluster(target)
         self._acquire = scripts.load("lease_acquire")
         self._acquire_many = scripts.load("lease_acquire_many")
         self._renew = scripts.load("lease_renew")
         self._release = scripts.load("lease_release")
 
     def fence_key(self, key: str) -> str:
+        """The fencing counter of ``key``: the ``fence_key`` given, else ``<key>:fence``; on a
+        cluster, ``cluster.same_slot_fence_key`` (``{<key>}:fence`` for an untagged key), and
+        a ``ConfigError`` for a counter outside the key's slot (the script would fail with
+        ``CROSSSLOT``)."""
         if self._fence_key is None:
-            return f"{key}:fence"
-        if isinstance(self._fence_key, str):
-            return self._fence_key
-        return self._fence_key(key)
+            return same_slot_fence_key(key) if self._cluster else f"{key}:fence"
+        fence = self._fence_key if isinstance(self._fence_key, str) else self._fence_key(key)
+        if self._cluster and hash_slot(fence) != hash_slot(key):
+            raise ConfigError(
+                f"lease key {key!r} and its fencing counter {fence!r} are in different "
+                "cluster slots: give both the same hash tag"
+            )
+        return fence
 
     async def _run(self, script: scripts.Script, keys: list[str], argv: list[Any]) -> Any:
         if isinstance(self._client, CommandBatcher):
@@ -48,6 +60,7 @@ class RedisLeaseBackend:
     async def acquire(self, key: str, token: str, ttl_ms: int) -> int | None:
         """Raises ``FenceCorrupted`` (and writes nothing) when the fencing counter is not an
         integer or has reached ``FENCE_LIMIT``."""
+        fence_key = self.fence_key(key)
         try:
             if isinstance(self._client, CommandBatcher) and isinstance(self._fence_key, str):
                 # Leases sharing one fencing counter, taken at the same moment, go in one call.
@@ -55,13 +68,13 @@ class RedisLeaseBackend:
                     self._acquire_many, (self._fence_key,), (), (key,), (token, ttl_ms)
                 )
                 return int(fence) or None
-            fence = await self._run(self._acquire, [key, self.fence_key(key)], [token, ttl_ms])
+            fence = await self._run(self._acquire, [key, fence_key], [token, ttl_ms])
         except ResponseError as exc:
             message = str(exc)
             if not message.startswith(self.FENCE_ERROR):
                 raise
             value = message.rpartition("exhausted: ")[2] or "unknown"
-            raise FenceCorrupted(self.fence_key(key), value) from None
+            raise FenceCorrupted(fence_key, value) from None
         return None if fence is None else int(fence)
 
     @classmethod

@@ -227,6 +227,13 @@ class LocalRecords:
         fields.update(state="retrying", run_at=repr(run_at), attempts=str(job.attempt - 1))
         self._put(job.id, fields, UNFINISHED_KEEP + max(0.0, run_at - time.time()))
 
+    def deferred(self, job: Job, run_at: float) -> None:
+        """Record a job put off until ``run_at`` without spending an attempt (a limit, or
+        ``aqw.RateLimited``): it reads delayed, its attempts so far unchanged."""
+        fields = dict(self._get(job.id) or {"task": job.task, "enqueued_at": repr(job.enqueued_at)})
+        fields.update(state="delayed", run_at=repr(run_at), attempts=str(job.attempt - 1))
+        self._put(job.id, fields, UNFINISHED_KEEP + max(0.0, run_at - time.time()))
+
     def requeued(self, job_id: str) -> None:
         """A running job handed back unfinished waits in the queue again."""
         fields = self._get(job_id)

@@ -2,7 +2,8 @@
 (``aqw:{q}:job:<id>``, ``aqw/record.py``) together, so a crash can never split the two:
 enqueue, start (the job's lease), settle (ack, retry, dead-letter, requeue), replay from the
 DLQ and cancel. ``RedisBroker`` delegates to ``RedisJobs``; the scripts' KEYS and ARGV are
-described at the top of each ``aqw/_redis/lua/*.lua``."""
+described at the top of each ``aqw/_redis/lua/*.lua``. A job's start under its lease and its
+limits, and its deferral, are in ``_redis_start.py``."""
 
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ from .._redis import scripts
 from .._redis.batch import CommandBatcher
 from .._redis.keys import GROUP, QueueKeys
 from .._redis.lease import RedisLeaseBackend
-from ..errors import FenceCorrupted, JobCancelled
 from ..job import Job
 from ..lease import Lease
 from ..record import UNFINISHED_KEEP, stamp
+from ._debounce import completion_key
 from ._local_records import CancelOutcome
+from ._redis_levels import locate
 from .base import Delivery, Failure, Finish, failure_fields
 
 #: Most jobs one enqueue script call takes (``publish`` and ``schedule`` of more: one call
@@ -71,56 +73,6 @@ def enqueue_args(job: Job, due: float | None, now: float) -> list[Any]:
     ]
 
 
-class RedisJobLease:
-    """A job's lease backend (``RedisBroker.job_lease_backend``): ``acquire`` runs
-    ``job_start.lua``, which takes the lease and marks the record running in one step and
-    refuses a cancelled job (``JobCancelled``, taking nothing); ``renew`` (``job_renew.lua``)
-    also moves the record's lease expiry on; ``release`` is the plain one."""
-
-    __slots__ = ("_fence", "_job", "_jobs", "_worker")
-
-    def __init__(self, jobs: RedisJobs, job: Job, worker: str) -> None:
-        self._jobs = jobs
-        self._job = job
-        self._worker = worker
-        self._fence = ""  # the fencing token of the lease taken, once taken
-
-    async def acquire(self, key: str, token: str, ttl_ms: int) -> int | None:
-        jobs, job = self._jobs, self._job
-        try:
-            fence = await jobs.batcher.merged(
-                jobs.job_start,
-                (jobs.keys.fence,),
-                (jobs.prefix, self._worker, _ms(UNFINISHED_KEEP), ttl_ms),
-                (),
-                (job.id, token, job.attempt),
-            )
-        except ResponseError as exc:
-            message = str(exc)
-            if not message.startswith(RedisLeaseBackend.FENCE_ERROR):
-                raise
-            value = message.rpartition("exhausted: ")[2] or "unknown"
-            raise FenceCorrupted(jobs.keys.fence, value) from None
-        if int(fence) == -1:
-            raise JobCancelled(job.id)
-        if int(fence) > 0:
-            self._fence = str(int(fence))
-        return int(fence) or None
-
-    async def renew(self, key: str, token: str, ttl_ms: int) -> bool:
-        jobs = self._jobs
-        expires = repr(time.time() + ttl_ms / 1000)
-        renewed = await jobs.batcher.script(
-            jobs.job_renew,
-            [key, jobs.keys.record(self._job.id)],
-            [token, ttl_ms, self._fence, expires, _ms(UNFINISHED_KEEP)],
-        )
-        return bool(renewed)
-
-    async def release(self, key: str, token: str) -> bool:
-        return await self._jobs.leases.release(key, token)
-
-
 class RedisJobs:
     """The job steps of one queue (``RedisBroker.jobs``)."""
 
@@ -160,7 +112,8 @@ class RedisJobs:
         now = time.time()
         later = due is not None and due > now
         keep = UNFINISHED_KEEP + (due - now if due is not None and later else 0.0)
-        shared = (self.keys.stream, self.keys.delayed)
+        level = jobs[0].priority  # the stream and delayed set of the jobs' priority level
+        shared = (self.keys.stream_for(level), self.keys.delayed_for(level))
         if len(jobs) == 1:
             job = jobs[0]
             head = _enqueue_head(self.prefix, keep, due, later, job)
@@ -171,10 +124,14 @@ class RedisJobs:
         calls = []
         for start in range(0, len(jobs), ENQUEUE_CHUNK):
             chunk = jobs[start : start + ENQUEUE_CHUNK]
-            # The jobs of one enqueue call share their task's expiry and have no key.
+            # The jobs of one enqueue call share their task's expiry and level, have no key.
             argv: list[Any] = [*_enqueue_head(self.prefix, keep, due, later, chunk[0])]
             for job in chunk:
-                if job.expires_at != chunk[0].expires_at or job.key is not None:
+                if (
+                    job.expires_at != chunk[0].expires_at
+                    or job.key is not None
+                    or job.priority != level
+                ):
                     await self.publish([job], due)  # a mixed batch: that job on its own
                     continue
                 argv += (job.encode(), job.id, job.task, job.enqueued_at)
@@ -188,8 +145,8 @@ class RedisJobs:
             self.unique,
             [
                 keys.idempotency(job.key),
-                keys.stream,
-                keys.delayed,
+                keys.stream_for(job.priority),
+                keys.delayed_for(job.priority),
                 keys.done(job.key),
                 keys.record(job.id),
             ],
@@ -221,7 +178,7 @@ class RedisJobs:
     ) -> bool:
         finish = finish or Finish()
         token = lease.token if lease is not None else ""
-        idem = job.key if job is not None and job.key is not None and record_ttl > 0 else ""
+        idem = (completion_key(job) or "") if record_ttl > 0 else ""  # none for a debounce key
         values: list[str] = []
         if job is not None:  # the script adds the state, the worker and the finish time
             if finish.result is not None:
@@ -230,9 +187,10 @@ class RedisJobs:
                 values += ("result_note", finish.note)
             if finish.failure is not None:
                 values += _flat(failure_fields(finish.failure))
+        stream, entry_id = locate(self.keys, delivery)  # its level's stream
         ok = await self.batcher.merged(
             self._ack,
-            (self.keys.stream, self.keys.stats, self.keys.running),
+            (stream, self.keys.stats, self.keys.running),
             (
                 GROUP,
                 consumer,
@@ -242,7 +200,7 @@ class RedisJobs:
                 _ms(record_ttl) if record_ttl > 0 else 0,
             ),
             (),
-            (delivery.id, token, job.id if job is not None else "", idem, len(values), *values),
+            (entry_id, token, job.id if job is not None else "", idem, len(values), *values),
         )
         return bool(ok)
 
@@ -267,13 +225,14 @@ class RedisJobs:
             fields.update(failure_fields(failure))
         keep = UNFINISHED_KEEP + max(0.0, run_at - time.time())
         k = self.keys
+        stream, entry_id = locate(k, delivery)  # back to the delayed set of its level:
         ok = await self.batcher.script(
             self._retry,
-            [k.stream, k.delayed, key, k.stats, k.record(job.id), k.running],
+            [stream, k.delayed_for(job.priority), key, k.stats, k.record(job.id), k.running],
             [
                 GROUP,
                 token,
-                delivery.id,
+                entry_id,
                 int(run_at * 1000),
                 job.encode(),
                 consumer,
@@ -327,13 +286,14 @@ class RedisJobs:
             failure.worker,
         ]
         k = self.keys
+        stream, entry_id = locate(k, delivery)
         return await self.batcher.script(
             self._dead,
-            [k.stream, k.dlq, key, k.stats, record, waiters, k.running],
+            [stream, k.dlq, key, k.stats, record, waiters, k.running],
             [
                 GROUP,
                 token,
-                delivery.id,
+                entry_id,
                 self.dlq_limit,
                 consumer,
                 job_id,
@@ -349,17 +309,22 @@ class RedisJobs:
     ) -> bool:
         key, token = self._lease_args(lease)
         job_id, record, _ = self._record_keys(job)
+        stream, entry_id = locate(self.keys, delivery)
         ok = await self._requeue(
             self.client,
-            [self.keys.stream, key, record, self.keys.running],
-            [GROUP, consumer, token, delivery.id, job_id, _ms(UNFINISHED_KEEP)],
+            [stream, key, record, self.keys.running],
+            [GROUP, consumer, token, entry_id, job_id, _ms(UNFINISHED_KEEP)],
         )
         return ok is not None
 
     async def dlq_replay(self, entries: Sequence[tuple[str, Job]]) -> int:
+        levels = sorted({job.priority for _, job in entries})
+        if len(levels) > 1:  # one call per level: each job back to its own level's stream
+            parts = [[e for e in entries if e[1].priority == lv] for lv in levels]
+            return sum([await self.dlq_replay(part) for part in parts])
         if not entries:
             return 0
-        keys = [self.keys.dlq, self.keys.stream]
+        keys = [self.keys.dlq, self.keys.stream_for(levels[0])]
         argv: list[Any] = [_ms(UNFINISHED_KEEP)]
         for entry_id, job in entries:
             keys.append(self.keys.record(job.id))

@@ -162,10 +162,13 @@ class RedisStatus:
         names: set[str] = set()
         cursor: Any = 0
         try:
+            # Names are cheap next to beats: scan several times the cap, so that which beats
+            # are read (the first ``limit`` names in order) does not hang on the set's
+            # iteration order, which a server's hash seed decides.
             while True:
                 cursor, batch = await self._client.sscan(self._keys.workers, cursor, count=limit)
                 names.update(text(n) for n in batch)
-                if not int(cursor) or len(names) >= limit:
+                if not int(cursor) or len(names) >= 10 * limit:
                     break
         except ResponseError as exc:  # WRONGTYPE: the workers key is not a set
             return [damaged_heartbeat(self._keys.workers, f"not a set ({exc})")]

@@ -12,53 +12,20 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..job import Job
 from ..lease import Lease, LeaseBackend
 from ..record import DEFAULT_KEEP_FOR
+from ._debounce import LocalDebounce, LocalDebouncedPublish, completion_key
+from ._flow import Limits
+from ._levels import LevelFifos
+from ._local_limits import LimitedStart, LocalLimiter
 from ._local_records import LocalRecords
 from ._local_status import LocalStatus
+from ._memory_leases import MemoryLeaseBackend as MemoryLeaseBackend  # re-exported
+from ._views import DepthSamples, LocalViews
 from .base import Broker, DeadJob, Delivery, Failure, Finish, QueueDepth, failure_fields
-
-
-class MemoryLeaseBackend:
-    """Leases in a dict, with the Redis backend's semantics (expiry, token compare, fencing)."""
-
-    def __init__(self) -> None:
-        self._held: dict[str, tuple[str, float]] = {}
-        self._fence = 0
-
-    def _current(self, key: str) -> str | None:
-        entry = self._held.get(key)
-        if entry is None:
-            return None
-        if entry[1] <= time.monotonic():
-            del self._held[key]
-            return None
-        return entry[0]
-
-    async def acquire(self, key: str, token: str, ttl_ms: int) -> int | None:
-        current = self._current(key)
-        if current is not None and current != token:  # held by this token: taken again
-            return None
-        self._held[key] = (token, time.monotonic() + ttl_ms / 1000)
-        self._fence += 1
-        return self._fence
-
-    async def renew(self, key: str, token: str, ttl_ms: int) -> bool:
-        if self._current(key) != token:
-            return False
-        self._held[key] = (token, time.monotonic() + ttl_ms / 1000)
-        return True
-
-    async def release(self, key: str, token: str) -> bool:
-        if self._current(key) != token:
-            return False
-        del self._held[key]
-        return True
-
-    def owner(self, key: str) -> str | None:
-        return self._current(key)
 
 
 @dataclass
@@ -75,7 +42,8 @@ class _Queue:
 
     #: The job records (``app.job``), shared by the queue's brokers in this process.
     job_records: LocalRecords
-    waiting: OrderedDict[str, bytes] = field(default_factory=OrderedDict)
+    #: One FIFO per priority level (``q.waiting[id] = data`` files it under its level).
+    waiting: LevelFifos = field(default_factory=LevelFifos)
     pending: dict[str, _Pending] = field(default_factory=dict)
     delayed: list[tuple[float, int, bytes]] = field(default_factory=list)
     dlq: OrderedDict[str, DeadJob] = field(default_factory=OrderedDict)
@@ -87,6 +55,9 @@ class _Queue:
     ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     changed: asyncio.Event | None = None
     status: LocalStatus = field(default_factory=LocalStatus)
+    limiter: LocalLimiter = field(default_factory=LocalLimiter)
+    debounce: LocalDebounce = field(default_factory=LocalDebounce)
+    depth_samples: DepthSamples = field(default_factory=DepthSamples)
 
     def next_id(self) -> str:
         return f"{int(time.time() * 1000)}-{next(self.ids)}"
@@ -118,10 +89,11 @@ def delete_memory_queue(name: str) -> None:
         q.job_records.clear()
 
 
-class MemoryBroker(Broker):
+class MemoryBroker(LocalViews, LocalDebouncedPublish, Broker):
     """An in-process queue. ``MemoryBroker("q")`` instances in one process share queue ``q``."""
 
     system = "memory"
+    enforces_limits = True  # for the workers of this process (``_local_limits.py``)
 
     def __init__(self, queue: str = "default", *, dlq_limit: int = 100_000) -> None:
         super().__init__(queue)
@@ -130,6 +102,9 @@ class MemoryBroker(Broker):
         self._q = q if q is not None else _QUEUES.setdefault(queue, _Queue(LocalRecords(queue)))
         self.local_status = self._q.status  # brokers of one queue share its status too
         self.local_records = self._q.job_records  # and its job records
+        self.depth_samples = self._q.depth_samples  # and its depth history (LocalViews)
+        self.delayed_heap = self._q.delayed
+        self.local_debounce = self._q.debounce  # the keys' waiting jobs (LocalDebouncedPublish)
 
     def describe(self) -> str:
         return f"memory://{self.queue}"
@@ -174,7 +149,7 @@ class MemoryBroker(Broker):
         return job.id, False
 
     async def is_completed(self, job: Job) -> bool:
-        return job.key is not None and self._record(f"done:{job.key}") is not None
+        return completion_key(job) is not None and self._record(f"done:{job.key}") is not None
 
     async def schedule(self, jobs: Sequence[Job], run_at: float) -> None:
         for job in jobs:
@@ -197,10 +172,10 @@ class MemoryBroker(Broker):
                 return []
         out: list[Delivery] = []
         now = time.monotonic()
-        while q.waiting and len(out) < count:
-            entry_id, data = q.waiting.popitem(last=False)
+        share = q.waiting.mixed and self.share_fetch()  # the highest level first, or a share
+        for entry_id, data, level in q.waiting.take(count, share):
             q.pending[entry_id] = _Pending(data, self.consumer, now, 1)
-            out.append(Delivery(id=entry_id, data=data))
+            out.append(Delivery(id=entry_id, data=data, level=level))
         return out
 
     async def reclaim(
@@ -286,7 +261,7 @@ class MemoryBroker(Broker):
         if not self._settle(delivery, lease):
             return False
         if job is not None:
-            if job.key is not None and record_ttl > 0:
+            if completion_key(job) is not None and record_ttl > 0:
                 self._q.key_records[f"done:{job.key}"] = (job.id, time.monotonic() + record_ttl)
             end = finish or Finish()
             fields = end.fields(self.consumer, time.time())
@@ -309,6 +284,19 @@ class MemoryBroker(Broker):
         self._q.bump("retried")
         self._q.notify()
         return True
+
+    async def defer(self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None) -> bool:
+        if not self._settle(delivery, lease):
+            return False
+        heapq.heappush(self._q.delayed, (run_at, next(self._q.ids), job.encode()))
+        self.local_records.deferred(job, run_at)
+        self._q.bump("deferred")
+        self._q.notify()
+        return True
+
+    def limited_lease_backend(self, job: Job, limits: Limits) -> LeaseBackend:
+        q = self._q
+        return LimitedStart(self.job_lease_backend(job), q.limiter, limits, q.leases.owner)
 
     async def dead_letter(
         self,
@@ -363,6 +351,10 @@ class MemoryBroker(Broker):
 
     async def stats(self) -> dict[str, int]:
         return dict(self._q.stats)
+
+    async def publish_heartbeat(self, worker: str, data: dict[str, Any], ttl: float) -> None:
+        await super().publish_heartbeat(worker, data, ttl)
+        await self.sample_depth(time.time())  # LocalViews: one sample per bucket
 
     async def dlq_list(self, count: int = 100, after: str | None = None) -> list[DeadJob]:
         items = list(self._q.dlq.values())

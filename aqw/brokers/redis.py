@@ -7,12 +7,13 @@ time), ``aqw:{q}:dlq`` (capped stream), ``aqw:{q}:fence`` (fencing counter),
 (``aqw/record.py``; written by the same scripts that move the job, ``_redis_jobs.py``), the
 ``aqw:{q}:running`` index of running jobs, ``aqw:{q}:schedule`` (the periodic tasks' marks,
 ``_redis_schedule.py``) and, while someone waits for a job to end, ``aqw:{q}:waiters:<id>``
-and the waiting processes' inboxes (``aqw/_redis/waiters.py``).
+and the waiting processes' inboxes (``aqw/_redis/waiters.py``). A priority level N > 0 has
+its own ``aqw:{q}:stream:pN`` and ``aqw:{q}:delayed:pN``, listed in ``aqw:{q}:levels``
+(``_redis_levels.py``).
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,42 +24,52 @@ from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 from .._redis import scripts as _scripts
 from .._redis.batch import CommandBatcher
 from .._redis.client import MAX_BLOCK, describe_broker, make_client, split_queue
+from .._redis.cluster import CLUSTER_TRANSIENT_ERRORS
 from .._redis.keys import GROUP, QueueKeys
 from .._redis.lease import RedisLeaseBackend
 from .._redis.waiters import JobWaiters
 from ..job import Job
 from ..lease import Lease, LeaseBackend
 from ..record import DEFAULT_KEEP_FOR, JobInfo
+from ._debounce import completion_key
+from ._flow import Limits
 from ._local_records import CancelOutcome
-from ._redis_jobs import RedisJobLease, RedisJobs
-from ._redis_records import dead_job_of, decode_job, delivery_of, text
+from ._redis_debounce import RedisDebouncedPublish
+from ._redis_jobs import RedisJobs
+from ._redis_levels import RedisLevels, locate
+from ._redis_records import dead_job_of, text
 from ._redis_schedule import RedisSchedule
+from ._redis_start import RedisJobLease, defer
 from ._redis_status import RedisStatus
+from ._redis_views import RedisViews
 from ._schedule_marks import ScheduleMark
 from .base import Broker, DeadJob, Delivery, Failure, Finish, QueueDepth
 
 __all__ = ["MAX_BLOCK", "RedisBroker", "make_client", "split_queue"]
 
-#: One reclaim looks at up to ``max(RECLAIM_SCAN_MIN, count * RECLAIM_SCAN_FACTOR)`` idle
-#: pending entries.
-RECLAIM_SCAN_MIN = 16
-RECLAIM_SCAN_FACTOR = 4
 
-
-class RedisBroker(Broker):
+class RedisBroker(RedisViews, RedisDebouncedPublish, Broker):
     """A queue on Redis Streams.
 
     Args:
-        client: a ``redis.asyncio.Redis`` (or cluster) client, or a ``redis://`` URL.
+        client: a ``redis.asyncio.Redis`` (or ``RedisCluster``) client, or a ``redis://``
+            (``redis+cluster://``) URL.
         queue: the queue name.
         dlq_limit: most entries the dead-letter stream keeps; older ones are trimmed and
             counted in ``stats()['dlq_trimmed']``.
     """
 
     system = "redis"
+    enforces_limits = True  # in job_start.lua, for every worker (``_redis_start.py``)
     describe = describe_broker  # Broker.describe: ``redis://host:port/db queue=q``
-    #: redis-py's connection and timeout errors, besides the built-in ones.
-    transient_errors = (ConnectionError, TimeoutError, *Broker.transient_errors)
+    #: redis-py's connection and timeout errors, besides the built-in ones, and a cluster's
+    #: errors while slots move (``CLUSTERDOWN`` and ``TRYAGAIN`` during a failover).
+    transient_errors = (
+        ConnectionError,
+        TimeoutError,
+        *CLUSTER_TRANSIENT_ERRORS,
+        *Broker.transient_errors,
+    )
 
     def __init__(self, client: Redis | str, queue: str = "default", *, dlq_limit: int = 100_000):
         super().__init__(queue)
@@ -73,8 +84,10 @@ class RedisBroker(Broker):
         self.jobs = RedisJobs(self.client, self.batcher, self.keys, self._leases, dlq_limit)
         self.waiters = JobWaiters(self.client, self.batcher, self.keys)
         self.marks = RedisSchedule(self.client, self.keys)
+        self.levels = RedisLevels(self.batcher, self.keys)  # priority levels
+        #: The consumer names this broker has read as (``_holder``).
+        self._read_as: set[str] = set()
         self._keep_alive = _scripts.load("keep_alive")
-        self._promote = _scripts.load("promote")
         self._group_ready = False
 
     async def connect(self) -> None:
@@ -96,128 +109,73 @@ class RedisBroker(Broker):
 
     # -- producing -------------------------------------------------------------------------
 
+    # A job of a priority level > 0 announces its level (``_redis_levels.py``) the first
+    # time this process uses it, in the same round trip as its enqueue.
+
     async def publish(self, jobs: Sequence[Job]) -> None:
-        await self.jobs.publish(jobs)
+        await self.levels.around(jobs, self.jobs.publish(jobs))
 
     async def publish_unique(self, job: Job, ttl: float, run_at: float | None) -> tuple[str, bool]:
-        job_id, duplicate = await self.jobs.publish_unique(job, ttl, run_at)
+        step = self.jobs.publish_unique(job, ttl, run_at)
+        job_id, duplicate = await self.levels.around([job], step)
         return text(job_id), bool(duplicate)
 
+    async def publish_debounced(
+        self, job: Job, debounce: float, debounce_max: float | None
+    ) -> tuple[str, bool]:
+        step = super().publish_debounced(job, debounce, debounce_max)
+        return await self.levels.around([job], step)
+
     async def schedule(self, jobs: Sequence[Job], run_at: float) -> None:
-        await self.jobs.publish(jobs, run_at)
+        await self.levels.around(jobs, self.jobs.publish(jobs, run_at))
 
     # -- consuming -------------------------------------------------------------------------
 
     async def fetch(self, count: int, block: float) -> list[Delivery]:
+        """Highest priority level first (a share from the lowest waiting one), reading the
+        levels in use in the same step (``RedisLevels.fetch``)."""
         block_ms = max(1, int(min(block, MAX_BLOCK) * 1000))
-        try:
-            reply: Any = await self.client.xreadgroup(
-                GROUP, self.consumer, {self.keys.stream: ">"}, count=count, block=block_ms
-            )
-        except ResponseError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
-            await self._ensure_group()  # the stream was deleted under us: recreate, read again
-            return []
-        if not reply:
-            return []
-        return [delivery_of(entry_id, fields) for entry_id, fields in reply[0][1] if fields]
+        share = len(self.levels.active) > 1 and self.share_fetch()
+        self._read_as.add(self.consumer)
+        return await self.levels.fetch(self.consumer, count, block_ms, share)
 
-    #: Where the next reclaim scan of the pending entries starts (``-``: the beginning).
-    _reclaim_from = "-"
+    def _holder(self, delivery: Delivery) -> str:
+        """The consumer holding ``delivery`` in the group's pending list: the one this broker
+        read it as (workers sharing a broker each read as their own), else its current one
+        (a reclaimed delivery, or one this broker did not read: refused by the scripts)."""
+        read_as = delivery.receipt
+        return read_as if read_as in self._read_as else self.consumer
 
     async def reclaim(
         self, count: int, lease_ttl: Callable[[Job | None], float], min_idle: float
     ) -> list[Delivery]:
+        """Each level's pending entries, highest level first (``RedisLevels.reclaim``)."""
         if count <= 0 or not self.consumer:
             return []
-        limit = max(RECLAIM_SCAN_MIN, count * RECLAIM_SCAN_FACTOR)
-        try:
-            pending: Any = await self.client.xpending_range(
-                self.keys.stream,
-                GROUP,
-                self._reclaim_from,
-                "+",
-                limit,
-                idle=max(0, int(min_idle * 1000)),
-            )
-        except ResponseError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
-            await self._ensure_group()
-            return []
-        # A full page: scan on from its end next time, so entries past the first ``limit``
-        # idle ones (waiting for a longer TTL) cannot hide due ones forever.
-        full = len(pending) >= limit
-        self._reclaim_from = f"({text(pending[-1]['message_id'])}" if full else "-"
-        candidates = [(text(p["message_id"]), int(p["time_since_delivered"])) for p in pending]
-        if not candidates:
-            return []
-        pipe = self.client.pipeline(transaction=False)
-        for entry_id, _ in candidates:
-            pipe.xrange(self.keys.stream, entry_id, entry_id)
-        ranges: list[Any] = await pipe.execute()
-        due = self._due_for_reclaim(candidates, ranges, lease_ttl, count)
-        if len(due) >= count:
-            self._reclaim_from = "-"  # due entries may be left over in this page
-        if not due:
-            return []
-        keys: list[str] = [self.keys.stream]
-        argv: list[Any] = [GROUP, self.consumer]
-        for entry_id, own_ms, lease_key, _ in due:
-            keys.append(lease_key or self.keys.lease("-"))
-            argv += [entry_id, own_ms, 1 if lease_key else 0]
-        claimed: Any = await self.batcher.script(_scripts.load("reclaim"), keys, argv)
-        fields_of = {entry_id: fields for entry_id, _, _, fields in due}
-        out = []
-        for entry_id, delivered in claimed:
-            fields = fields_of.get(text(entry_id))
-            if fields is not None:  # None: deleted from the stream, now dropped from the PEL
-                out.append(delivery_of(entry_id, fields, int(delivered)))
-        return out
-
-    def _due_for_reclaim(
-        self,
-        candidates: list[tuple[str, int]],
-        ranges: list[Any],
-        lease_ttl: Callable[[Job | None], float],
-        count: int,
-    ) -> list[tuple[str, int, str | None, dict[Any, Any] | None]]:
-        """The candidates idle for at least their own job's lease TTL, at most ``count`` of
-        them: (entry id, that TTL in ms, the job's lease key or None, the entry's fields or
-        None when it is no longer in the stream)."""
-        due: list[tuple[str, int, str | None, dict[Any, Any] | None]] = []
-        for (entry_id, idle_ms), entries in zip(candidates, ranges, strict=True):
-            fields: dict[Any, Any] | None = entries[0][1] if entries else None
-            job = decode_job(fields)
-            own_ms = max(0, math.ceil(lease_ttl(job) * 1000))
-            if idle_ms < own_ms:
-                continue
-            due.append((entry_id, own_ms, self.job_lease_key(job) if job else None, fields))
-            if len(due) >= count:
-                break
-        return due
+        await self.levels.refresh()
+        return await self.levels.reclaim(self.consumer, count, lease_ttl, min_idle)
 
     async def give_back_unstarted(self, running: set[str]) -> int:
         if not self.consumer:
             return 0
-        pending: Any = await self.client.xpending_range(
-            self.keys.stream, GROUP, "-", "+", 1000, consumername=self.consumer
-        )
         given = 0
-        for entry in pending:
-            entry_id = text(entry["message_id"])
-            if entry_id not in running and await self.requeue(Delivery(entry_id, b""), None):
-                given += 1
+        for level in self.levels.active:
+            pending: Any = await self.client.xpending_range(
+                self.keys.stream_for(level), GROUP, "-", "+", 1000, consumername=self.consumer
+            )
+            for entry in pending:
+                entry_id = text(entry["message_id"])
+                back = Delivery(entry_id, b"", level=level)
+                if entry_id not in running and await self.requeue(back, None):
+                    given += 1
         return given
 
     async def promote_due(self) -> float | None:
-        moved, next_due = await self.batcher.script(
-            self._promote, [self.keys.delayed, self.keys.stream], [int(time.time() * 1000), 500]
-        )
-        if int(moved) >= 500:
+        await self.levels.refresh()
+        moved, next_due = await self.levels.promote(int(time.time() * 1000), 500)  # each level
+        if moved >= 500:
             return 0.0
-        if int(next_due) < 0:
+        if next_due < 0:
             return None
         return max(0.0, int(next_due) / 1000 - time.time())
 
@@ -231,8 +189,9 @@ class RedisBroker(Broker):
         return self.keys.lock(name)
 
     async def keep_alive(self, delivery: Delivery) -> bool:
+        stream, entry_id = locate(self.keys, delivery)  # the stream of its level
         ok = await self.batcher.script(
-            self._keep_alive, [self.keys.stream], [GROUP, self.consumer, delivery.id]
+            self._keep_alive, [stream], [GROUP, self._holder(delivery), entry_id]
         )
         return bool(ok)
 
@@ -246,7 +205,7 @@ class RedisBroker(Broker):
         record_ttl: float = 0.0,
         finish: Finish | None = None,
     ) -> bool:
-        return await self.jobs.ack(self.consumer, delivery, job, lease, record_ttl, finish)
+        return await self.jobs.ack(self._holder(delivery), delivery, job, lease, record_ttl, finish)
 
     async def retry(
         self,
@@ -256,7 +215,7 @@ class RedisBroker(Broker):
         lease: Lease | None,
         failure: Failure | None = None,
     ) -> bool:
-        return await self.jobs.retry(self.consumer, delivery, job, run_at, lease, failure)
+        return await self.jobs.retry(self._holder(delivery), delivery, job, run_at, lease, failure)
 
     async def dead_letter(
         self,
@@ -268,24 +227,29 @@ class RedisBroker(Broker):
         keep_for: float = DEFAULT_KEEP_FOR,
     ) -> str | None:
         entry = await self.jobs.dead_letter(
-            self.consumer, delivery, job, failure, attempts, lease, keep_for
+            self._holder(delivery), delivery, job, failure, attempts, lease, keep_for
         )
         return None if entry is None else text(entry)  # the DLQ entry's id (None: refused)
 
     async def requeue(
         self, delivery: Delivery, lease: Lease | None, job: Job | None = None
     ) -> bool:
-        return await self.jobs.requeue(self.consumer, delivery, lease, job)
+        return await self.jobs.requeue(self._holder(delivery), delivery, lease, job)
+
+    async def defer(self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None) -> bool:
+        return await defer(self.jobs, self._holder(delivery), delivery, job, run_at, lease)
 
     async def is_completed(self, job: Job) -> bool:
-        if job.key is None:
-            return False
-        return bool(await self.batcher.execute("EXISTS", self.keys.done(job.key)))
+        key = completion_key(job)  # None: no key, or a debounce key
+        return key is not None and bool(await self.batcher.execute("EXISTS", self.keys.done(key)))
 
     # -- job records -----------------------------------------------------------------------
 
     def job_lease_backend(self, job: Job) -> LeaseBackend:
-        return RedisJobLease(self.jobs, job, self.consumer)
+        return RedisJobLease(self.jobs, job, self.consumer, None)
+
+    def limited_lease_backend(self, job: Job, limits: Limits) -> LeaseBackend:
+        return RedisJobLease(self.jobs, job, self.consumer, limits)
 
     async def record(self, job_id: str) -> JobInfo | None:
         """The job's record; None also when its key holds another type than a hash (not a
@@ -322,6 +286,7 @@ class RedisBroker(Broker):
 
     async def publish_heartbeat(self, worker: str, data: dict[str, Any], ttl: float) -> None:
         await self.status.publish_heartbeat(worker, data, ttl)
+        await self.sample_depth(time.time())  # RedisViews: one sample per bucket
 
     async def heartbeats(self) -> list[dict[str, Any]]:
         """Up to 1000 heartbeats; a damaged one comes back as ``aqw._damage.damaged_heartbeat``."""
@@ -333,17 +298,7 @@ class RedisBroker(Broker):
     # -- inspection ------------------------------------------------------------------------
 
     async def depth(self) -> QueueDepth:
-        pipe = self.client.pipeline(transaction=False)
-        pipe.xlen(self.keys.stream)
-        pipe.zcard(self.keys.delayed)
-        pipe.xlen(self.keys.dlq)
-        length, delayed, dead = await pipe.execute()
-        try:
-            pending = await self.client.xpending(self.keys.stream, GROUP)
-            in_flight = int(pending["pending"])
-        except ResponseError:
-            in_flight = 0
-        return QueueDepth(max(0, length - in_flight), in_flight, delayed, dead)
+        return await self.levels.depth()  # summed over the priority levels in use
 
     async def stats(self) -> dict[str, int]:
         """The counters of the stats hash (at most 1000 fields); a field that is not an
@@ -365,7 +320,8 @@ class RedisBroker(Broker):
         return dead_job_of(*entries[0]) if entries else None
 
     async def dlq_replay(self, entries: Sequence[tuple[str, Job]]) -> int:
-        return await self.jobs.dlq_replay(entries)
+        jobs = [job for _, job in entries]
+        return await self.levels.around(jobs, self.jobs.dlq_replay(entries))  # to their levels
 
     async def dlq_delete(self, entry_ids: Sequence[str]) -> int:
         if not entry_ids:

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from .._text import printable
+from ..schedules import schedule_rows
 from ..status import render_time
 from ._common import CliError, add_log_options, add_target, resolve_app
 
@@ -29,26 +30,11 @@ async def run(args: argparse.Namespace) -> int:
     if args.cron_command != "list":
         raise CliError(f"unknown cron command {args.cron_command!r}")
     app = resolve_app(args)
+    now = time.time()
     try:
-        marks = await app.broker.schedule_marks()
+        rows = await schedule_rows(app, now)
     finally:
         await app.close()
-    now = time.time()
-    rows: list[dict[str, Any]] = []
-    for name in sorted(app.tasks):
-        schedule = app.tasks[name].options.schedule
-        if schedule is None:
-            continue
-        mark = marks.get(name)
-        rows.append(
-            {
-                "task": name,
-                "schedule": schedule.describe(),
-                "last_tick": mark.tick if mark else None,
-                "last_job": (mark.job_id or None) if mark else None,
-                "next_tick": schedule.next_after(now),
-            }
-        )
     if args.json:
         print(json.dumps(rows))
         return 0

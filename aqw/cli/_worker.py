@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from typing import Any
 
+from ..brokers.multi import queue_plan
+from ..errors import ConfigError
 from ..telemetry import configure_otel, shutdown_otel
 from ._common import (
     add_log_options,
@@ -47,6 +50,13 @@ def add_parser(sub: Any) -> None:
         metavar="SECONDS",
         help="seconds to finish jobs on shutdown, >= 0 (default AQW_GRACE, else 30)",
     )
+    w.add_argument(
+        "--queues",
+        type=_checked_queues,
+        metavar="Q1,Q2|Q1=W1,Q2=W2",
+        help="serve several queues with one pool of slots: in strict order (high,default,low) "
+        "or by weight (high=5,default=3,low=1) (default AQW_QUEUES, else --queue alone)",
+    )
     w.add_argument("--burst", action="store_true", help="exit when the queue is empty")
     w.add_argument(
         "-p",
@@ -57,6 +67,40 @@ def add_parser(sub: Any) -> None:
         "(default AQW_PROCESSES, else 1)",
     )
     add_log_options(w)
+
+
+def parse_queues(text: str) -> list[str] | dict[str, float]:
+    """``--queues``: ``a,b,c`` (strict order) or ``a=5,b=3,c=1`` (weights); a ConfigError
+    naming ``queues`` for an empty list, a duplicate, a bad name or a weight <= 0."""
+    if not text.strip():
+        raise ConfigError("queues: name at least one queue")
+    parts = [part.strip() for part in text.split(",")]
+    if not any("=" in part for part in parts):
+        queue_plan(parts)
+        return parts
+    weights: dict[str, float] = {}
+    for part in parts:
+        name, eq, weight = part.partition("=")
+        if not eq:
+            raise ConfigError(f"queues: give every queue a weight or none ({name!r} has none)")
+        if name in weights:
+            raise ConfigError(f"queues: {name!r} is named twice")
+        try:
+            weights[name] = float(weight)
+        except ValueError:
+            raise ConfigError(
+                f"queues: the weight of {name!r} must be a number > 0, got {weight!r}"
+            ) from None
+    queue_plan(weights)
+    return weights
+
+
+def _checked_queues(text: str) -> str:
+    try:
+        parse_queues(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def processes(args: argparse.Namespace) -> int:
@@ -87,12 +131,14 @@ async def run(args: argparse.Namespace) -> int:
     grace: float | None = args.grace
     if grace is None:
         grace = env_float("AQW_GRACE", 30.0, minimum=0.0)
+    queues: str | None = args.queues or os.environ.get("AQW_QUEUES") or None
     worker = app.worker(
         concurrency=concurrency,
         prefetch=prefetch,
         grace=grace,
         burst=args.burst,
         handle_signals=True,
+        queues=None if queues is None else parse_queues(queues),
     )
     started = time.perf_counter()
     try:

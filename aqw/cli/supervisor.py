@@ -83,7 +83,7 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
     argv.append("worker")
     if getattr(args, "app", None):
         argv.append(str(args.app))
-    for option in ("broker", "queue", "concurrency", "prefetch", "grace"):
+    for option in ("broker", "queue", "queues", "concurrency", "prefetch", "grace"):
         value = getattr(args, option, None)
         if value is not None:
             argv += [f"--{option}", str(value)]

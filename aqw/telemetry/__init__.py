@@ -18,9 +18,14 @@ Spans (OpenTelemetry messaging semantic conventions):
   Events: ``aqw.lease.renewed``, ``aqw.lease.lost``, ``aqw.job.stuck`` (and, by default,
   ``aqw.lease.refused``).
 
-Histogram values are kept per (metric, task) and handed to the SDK in a batch when it
-collects; counters are totals read at collection time.
 - ``aqw.lock <name>`` around ``ctx.lock(...)`` acquisitions.
+
+A sampled-out job's non-recording span is still current while its handler runs, so the
+handler's own spans follow the sampling decision; the producer's baggage is current too.
+
+Counters are totals read at collection time. Histogram values are kept per (metric, queue,
+task) and recorded into the SDK's histograms in batches: every ``MAX_PENDING`` values, at
+each collection and when a worker stops (``Telemetry.flush``).
 
 The package, one idea a module: ``_names`` (every span, event, attribute and metric name),
 ``_instruments`` (the meter's instruments, made once per meter provider), ``_telemetry``

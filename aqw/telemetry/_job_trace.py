@@ -37,7 +37,6 @@ from ._names import (
     EVENT_RENEWED,
     SPAN_HANDLER,
     SPAN_LEASE,
-    SPAN_PROCESS,
     SPAN_RECEIVE,
     SPAN_SETTLE,
 )
@@ -98,63 +97,116 @@ class JobTrace:
         """Close the process span (ERROR status when ``error`` is given)."""
 
 
-#: The trace of every job while tracing is off, or of a job sampled out.
+#: The trace of every job while tracing is off.
 NO_TRACE = JobTrace()
 
+#: The root context: a ``process`` span's parent when the job carries no trace context.
+#: (None would mean "the current span", whatever was active when the worker started.)
+_ROOT = Context()
 
-def start_process_span(tel: Tracing, job: Job, fetched: tuple[int, int] | None) -> Span:
-    """Start the job's ``process`` span: a child of the producer's span in the job's
-    headers, or (``tel.link``) the root of a new trace linked to it."""
+
+def process_attributes(tel: Tracing, task: str) -> dict[str, Any]:
+    """The attributes every ``process`` span of ``task`` starts with, but for the message id
+    and the attempt (built once per task by ``Telemetry``)."""
     attrs = dict(tel.attributes)
     attrs[ATTR_OPERATION_TYPE] = "process"
     attrs[ATTR_OPERATION_NAME] = "process"
+    attrs[ATTR_TASK] = task
+    return attrs
+
+
+def start_process_span(
+    tel: Tracing,
+    job: Job,
+    fetched: tuple[int, int] | None,
+    name: str,
+    attributes: dict[str, Any],
+) -> tuple[Span, Context]:
+    """Start the job's ``process`` span named ``name``, with the task's constant
+    ``attributes``: a child of the producer's span in the job's headers, or (``tel.link``)
+    the root of a new trace linked to it. Returns the span and the context it was started
+    from (the producer's span and baggage), for the handler to run in."""
+    attrs = attributes.copy()
     attrs[ATTR_MESSAGE_ID] = job.id
-    attrs[ATTR_TASK] = job.task
     attrs[ATTR_ATTEMPT] = job.attempt
-    # An empty context, not None: None would mean "the current span", which is whatever
-    # was active when the worker started.
-    parent = propagate.extract(job.headers) if job.headers else Context()
-    links: list[Link] = []
-    if tel.link and parent is not None:
-        producer = trace.get_current_span(parent).get_span_context()
+    extracted = propagate.extract(job.headers) if job.headers else _ROOT
+    parent = extracted
+    links: list[Link] | None = None
+    if tel.link:
+        producer = trace.get_current_span(extracted).get_span_context()
         if producer.is_valid:
-            links.append(Link(producer))
-        parent = Context()
-    return tel.tracer.start_span(
-        SPAN_PROCESS.format(queue=tel.queue),
+            links = [Link(producer)]
+        parent = _ROOT
+    span = tel.tracer.start_span(
+        name,
         context=parent,
         kind=SpanKind.CONSUMER,
         attributes=attrs,
         links=links,
         start_time=fetched[0] if fetched else None,
     )
+    return span, extracted
 
 
-def _ms(ns: int) -> float:
-    return round(ns / 1e6, 3)
+class SampledOutJobTrace(JobTrace):
+    """A job whose ``process`` span is not recorded (sampled out): no attributes, events or
+    children, only its context, current while the handler runs, so that the handler's own
+    spans are sampled out with it instead of starting traces of their own."""
+
+    __slots__ = ("ctx", "token")
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.token: Token[Context] | None = None
+
+    def handler(self) -> AbstractContextManager[Any]:
+        return self
+
+    def __enter__(self) -> None:
+        self.token = otel_context.attach(self.ctx)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.token is not None:
+            otel_context.detach(self.token)
+            self.token = None
 
 
 class RecordingJobTrace(JobTrace):
-    """One recorded job as one span (``trace_detail="job"``): the stages are attributes,
-    gathered here and set on the span in one call when it ends."""
+    """One recorded job as one span (``trace_detail="job"``): the stages' times are kept
+    here as nanosecond stamps and set on the span as millisecond attributes in one call
+    when it ends."""
 
-    __slots__ = ("attrs", "began", "handler_end", "span", "tel", "token")
+    __slots__ = (
+        "began",
+        "ctx",
+        "extra",
+        "fetched",
+        "handler_end",
+        "lease_end",
+        "lease_start",
+        "outcome",
+        "settle_end",
+        "span",
+        "tel",
+        "token",
+    )
 
-    def __init__(self, tel: Tracing, span: Span, fetched: tuple[int, int] | None) -> None:
+    def __init__(
+        self, tel: Tracing, span: Span, extracted: Context, fetched: tuple[int, int] | None
+    ) -> None:
         self.tel = tel
         self.span = span
-        self.attrs: dict[str, Any] = {}
-        self.handler_end = 0
-        self.began = 0
+        self.ctx = extracted
+        self.fetched = fetched
+        self.lease_start = self.lease_end = self.began = self.handler_end = self.settle_end = 0
+        self.outcome: str | None = None
+        self.extra: dict[str, Any] | None = None
         self.token: Token[Context] | None = None
-        if fetched:
-            self.attrs[ATTR_RECEIVE_MS] = _ms(fetched[1] - fetched[0])
 
     def lease_acquired(self, lease: Lease, started_ns: int) -> None:
-        attrs = self.attrs
-        attrs[ATTR_LEASE_ACQUIRE_MS] = _ms(now_ns() - started_ns)
-        attrs[ATTR_LEASE_WAIT] = lease.waited
-        attrs[ATTR_FENCING_TOKEN] = lease.fencing_token
+        self.lease_start = started_ns
+        self.lease_end = now_ns()
+        self.extra = {ATTR_FENCING_TOKEN: lease.fencing_token, ATTR_LEASE_WAIT: lease.waited}
         lease.on_renewed(self._renewed)
         lease.on_lost(self._lost)
 
@@ -165,7 +217,8 @@ class RecordingJobTrace(JobTrace):
         self.span.add_event(EVENT_LOST, {"aqw.lease.reason": lease.lost_reason or ""})
 
     def lease_refused(self, started_ns: int) -> None:
-        self.attrs[ATTR_LEASE_ACQUIRE_MS] = _ms(now_ns() - started_ns)
+        self.lease_start = started_ns
+        self.lease_end = now_ns()
         self.span.add_event(EVENT_REFUSED)
 
     def handler(self) -> AbstractContextManager[Any]:
@@ -174,30 +227,41 @@ class RecordingJobTrace(JobTrace):
         return self
 
     def __enter__(self) -> None:
-        self.token = otel_context.attach(trace.set_span_in_context(self.span))
+        self.token = otel_context.attach(trace.set_span_in_context(self.span, self.ctx))
         self.began = now_ns()
 
     def __exit__(self, *exc_info: object) -> None:
         self.handler_end = now_ns()
-        self.attrs[ATTR_HANDLER_MS] = _ms(self.handler_end - self.began)
         if self.token is not None:
             otel_context.detach(self.token)
             self.token = None
 
     def settled(self, outcome: str, attributes: dict[str, Any] | None = None) -> None:
-        attrs = self.attrs
-        attrs[ATTR_OUTCOME] = outcome
-        if attributes:
-            attrs.update(attributes)
+        self.outcome = outcome
         if self.handler_end:
-            attrs[ATTR_SETTLE_MS] = _ms(now_ns() - self.handler_end)
+            self.settle_end = now_ns()
+        if attributes:
+            if self.extra is None:
+                self.extra = {}
+            self.extra.update(attributes)
 
     def event(self, name: str, attributes: dict[str, Any] | None = None) -> None:
         self.span.add_event(name, attributes or {})
 
     def end(self, error: BaseException | None = None) -> None:
-        if self.attrs:
-            self.span.set_attributes(self.attrs)
+        attrs = self.extra if self.extra is not None else {}
+        if self.fetched:
+            attrs[ATTR_RECEIVE_MS] = (self.fetched[1] - self.fetched[0]) / 1e6
+        if self.lease_end:
+            attrs[ATTR_LEASE_ACQUIRE_MS] = (self.lease_end - self.lease_start) / 1e6
+        if self.handler_end:
+            attrs[ATTR_HANDLER_MS] = (self.handler_end - self.began) / 1e6
+        if self.settle_end:
+            attrs[ATTR_SETTLE_MS] = (self.settle_end - self.handler_end) / 1e6
+        if self.outcome is not None:
+            attrs[ATTR_OUTCOME] = self.outcome
+        if attrs:
+            self.span.set_attributes(attrs)
         if error is not None:
             self.tel.record_error(self.span, error, status=True)
         self.span.end()
@@ -209,10 +273,12 @@ class StagesJobTrace(JobTrace):
 
     __slots__ = ("ctx", "span", "tel")
 
-    def __init__(self, tel: Tracing, span: Span, fetched: tuple[int, int] | None) -> None:
+    def __init__(
+        self, tel: Tracing, span: Span, extracted: Context, fetched: tuple[int, int] | None
+    ) -> None:
         self.tel = tel
         self.span = span
-        self.ctx = trace.set_span_in_context(span)
+        self.ctx = trace.set_span_in_context(span, extracted)
         if fetched:
             receive = tel.tracer.start_span(
                 SPAN_RECEIVE.format(queue=tel.queue),

@@ -55,6 +55,7 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "aqw.jobs.dead_lettered": ("counter", "{job}", "Jobs moved to the dead-letter queue"),
     "aqw.jobs.cancelled": ("counter", "{job}", "Jobs cancelled before or while running"),
     "aqw.jobs.expired": ("counter", "{job}", "Jobs not started before their expiry time"),
+    "aqw.jobs.deferred": ("counter", "{job}", "Jobs put off by a limit, no attempt spent"),
     "aqw.jobs.duplicates_skipped": ("counter", "{job}", "Redelivered finished jobs skipped"),
     "aqw.jobs.stuck": ("counter", "{job}", "Jobs seen running past 2x their SLA"),
     "aqw.lease.renewals": ("counter", "{renewal}", "Successful lease renewals"),

@@ -17,7 +17,9 @@ from ._job_trace import (
     NO_TRACE,
     JobTrace,
     RecordingJobTrace,
+    SampledOutJobTrace,
     StagesJobTrace,
+    process_attributes,
     start_process_span,
 )
 from ._names import (
@@ -31,6 +33,7 @@ from ._names import (
     ATTR_TASK,
     SCOPE,
     SPAN_LOCK,
+    SPAN_PROCESS,
     SPAN_PUBLISH,
     TRACE_DETAILS,
 )
@@ -79,7 +82,6 @@ class Telemetry:
         self.link = link
         self.redact = redact
         self.detail = detail
-        self._trace_class = RecordingJobTrace if detail == "job" else StagesJobTrace
         self.tracing = sdk_configured(tp)
         self.metering = sdk_configured(mp)
         self.tracer = tp.get_tracer(SCOPE, __version__)
@@ -90,6 +92,9 @@ class Telemetry:
                 INSTRUMENTS[mp] = Instruments(mp.get_meter(SCOPE, __version__))
             self._instruments = INSTRUMENTS[mp]
         self._metric_attrs: dict[str, dict[str, Any]] = {}
+        self._process_name = SPAN_PROCESS.format(queue=queue)
+        self._process_attrs: dict[str, dict[str, Any]] = {}
+        self._lease_counters: dict[str, tuple[Callable[[Any], None], Callable[[Any], None]]] = {}
 
     # -- metrics ---------------------------------------------------------------------------
 
@@ -114,6 +119,28 @@ class Telemetry:
                 self._instruments.totals[key] = [n, self.metric_attributes(task)]
             else:
                 total[0] += n
+
+    def count_reason(self, name: str, task: str | None, reason: str) -> None:
+        """Add 1 to counter ``name`` (one of ``METRICS``) with a ``reason`` attribute."""
+        if self._instruments is not None:
+            key = (name, self.queue, f"{task or ''}\0{reason}")
+            total = self._instruments.totals.get(key)
+            if total is None:
+                attrs = {**self.metric_attributes(task), "reason": reason}
+                self._instruments.totals[key] = [1, attrs]
+            else:
+                total[0] += 1
+
+    def lease_counters(self, task: str) -> tuple[Callable[[Any], None], Callable[[Any], None]]:
+        """Callbacks for ``Lease.on_renewed`` and ``Lease.on_lost`` that count ``task``'s
+        lease renewals and losses (made once per task)."""
+        counters = self._lease_counters.get(task)
+        if counters is None:
+            counters = self._lease_counters[task] = (
+                lambda _: self.count("aqw.lease.renewals", task),
+                lambda _: self.count("aqw.lease.lost", task),
+            )
+        return counters
 
     def observe(self, name: str, value: float, task: str | None = None) -> None:
         """Record ``value`` in histogram ``name``: kept here, and handed to the SDK in a batch
@@ -212,14 +239,19 @@ class Telemetry:
                 raise
 
     def job(self, job: Job, fetched: tuple[int, int] | None = None) -> JobTrace:
-        """The trace of one job's processing (a no-op when tracing is off)."""
+        """The trace of one job's processing (a no-op when tracing is off). ``fetched``: the
+        wall-clock nanoseconds the fetch that delivered it started and ended."""
         if not self.tracing:
             return NO_TRACE
-        span = start_process_span(self, job, fetched)
-        if not span.is_recording():  # sampled out: no children, no events
-            span.end()
-            return NO_TRACE
-        return self._trace_class(self, span, fetched)
+        attrs = self._process_attrs.get(job.task)
+        if attrs is None:
+            attrs = self._process_attrs[job.task] = process_attributes(self, job.task)
+        span, extracted = start_process_span(self, job, fetched, self._process_name, attrs)
+        if not span.is_recording():  # sampled out: no attributes, events or children
+            return SampledOutJobTrace(trace.set_span_in_context(span, extracted))
+        if self.detail == "job":
+            return RecordingJobTrace(self, span, extracted, fetched)
+        return StagesJobTrace(self, span, extracted, fetched)
 
     def lock(self, name: str) -> AbstractContextManager[Any]:
         """A span around a lock acquisition."""

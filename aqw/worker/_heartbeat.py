@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from .._version import __version__
 from ..lease import LeaseKeeper
 from ..task import Task
 from ..telemetry import EVENT_STUCK, Telemetry
 from ._failures import ErrorTracker, RunawayGuard
 from ._running import RunningJobs, WorkerStats, vars_of
+from ._scheduler import Scheduler
 from ._stats import SlidingStats
 
 
@@ -33,6 +36,7 @@ class Worker(Protocol):
     def in_flight(self) -> int: ...
 
     name: str
+    queues: tuple[str, ...]
     state: str
     started_at: float
     concurrency: int
@@ -44,6 +48,7 @@ class Worker(Protocol):
     errors: ErrorTracker
     runaway: RunawayGuard
     tel: Telemetry
+    scheduler: Scheduler
 
 
 log = logging.getLogger("aqw.worker")
@@ -96,8 +101,11 @@ def summary(worker: Worker) -> dict[str, Any]:
     duration quantiles, running and stuck jobs, and the most frequent errors."""
     return {
         "worker": worker.name,
-        "queue": worker.app.queue,
+        "queue": worker.queues[0],
+        "queues": list(worker.queues),
         "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "version": __version__,
         "state": worker.state,
         "at": time.time(),
         "started_at": worker.started_at,
@@ -121,4 +129,6 @@ def summary(worker: Worker) -> dict[str, Any]:
         "stuck": stuck_jobs(worker),
         "errors": [vars_of(e) for e in worker.errors.top(10)],
         "runaway": sorted(t for t in worker.app.tasks if worker.runaway.running_away(t)),
+        # this worker's scheduler holds the leader lease of the periodic tasks (the dashboard)
+        "scheduler_leader": worker.scheduler.leader,
     }

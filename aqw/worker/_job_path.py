@@ -26,6 +26,7 @@ from ..errors import (
     LeaseUnavailable,
     MalformedJob,
     PayloadTooLarge,
+    RateLimited,
     TooManyDeliveries,
     UnknownTask,
 )
@@ -34,6 +35,7 @@ from ..lease import Lease, LeaseKeeper
 from ..task import Task
 from ..telemetry import Telemetry, now_ns
 from ._backoff import Backoff
+from ._deferring import check_limits, defer, start_backend
 from ._handler import Outcome, describe, run_handler
 from ._running import RunningJob, RunningJobs, WorkerStats
 from ._settle import Settler
@@ -83,6 +85,7 @@ class JobPath:
         self.stopping = stopping
         self.min_ttl = min_ttl
         self.spawn = spawn
+        check_limits(broker, tasks)  # a limit the broker cannot hold: refused at start
         caps = [payload_limit(None), *(payload_limit(name) for name in tasks)]
         #: The largest message any task accepts: bigger ones are refused before parsing.
         self.receipt_cap = None if None in caps else max(c for c in caps if c is not None)
@@ -130,7 +133,7 @@ class JobPath:
             await self.settler.end_unrun(task, delivery, job, None, "expired")
             return
         lease = Lease(
-            self.broker.job_lease_backend(job),
+            start_backend(self.broker, task, job, payload),
             self.broker.job_lease_key(job),
             ttl=task.options.lease_ttl,
             keep_alive=partial(self._keep_alive, delivery, job.id),
@@ -140,8 +143,9 @@ class JobPath:
         jt = tel.job(job, delivery.received)
         if tel.metering:
             tel.observe("aqw.job.wait", max(0.0, time.time() - job.enqueued_at), job.task)
-            lease.on_renewed(lambda _: tel.count("aqw.lease.renewals", job.task))
-            lease.on_lost(lambda _: tel.count("aqw.lease.lost", job.task))
+            renewed, lost = tel.lease_counters(job.task)
+            lease.on_renewed(renewed)
+            lease.on_lost(lost)
         run = RunningJob(job, lease, jt, Context(job, lease, self.host))
         error: BaseException | None = None
         try:
@@ -157,6 +161,10 @@ class JobPath:
             current = asyncio.current_task()
             if current is not None:
                 self.settling.add(current)  # finished: a shutdown must not cancel its settle
+            if isinstance(error, RateLimited):  # an upstream's 429: later, no attempt spent
+                limited, error = error, None
+                await defer(self.settler, delivery, job, lease, limited, jt)
+                return
             await self.settler.settle(task, delivery, job, lease, outcome, jt)
         except LeaseLost as exc:
             self.stats.lease_lost += 1
@@ -208,6 +216,9 @@ class JobPath:
             taken = await self.take_lease(lease, delivery, waited)
         except JobCancelled:  # cancelled before it started: end it, unrun
             await self.settler.end_unrun(task, delivery, job, None, "cancelled", jt)
+            return None
+        except RateLimited as limited:  # a rate limit or per-key cap: wait, no attempt spent
+            await defer(self.settler, delivery, job, None, limited, jt)
             return None
         if not taken:
             if taken is False:  # None: handed back after a lost connection, not refused

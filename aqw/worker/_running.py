@@ -26,6 +26,7 @@ class WorkerStats:
     dead: int = 0
     lease_lost: int = 0
     lease_busy: int = 0
+    deferred: int = 0  # put off by a rate limit, a per-key cap or ``RateLimited``
     requeued: int = 0
     malformed: int = 0
     duplicates_skipped: int = 0

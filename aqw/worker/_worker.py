@@ -13,7 +13,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, Protocol
 
 from .._ids import consumer_name
@@ -30,6 +30,7 @@ from ._heartbeat import report_stuck, stuck_jobs, summary
 from ._intake import Intake
 from ._job_path import JobPath
 from ._locks import ResourceLock
+from ._options import check_options, consumed_broker, depth_readings, depths_of, route
 from ._outage import Outage
 from ._running import RunningJobs, WorkerStats
 from ._scheduler import Scheduler
@@ -65,6 +66,8 @@ class WorkerApp(Protocol):
     @property
     def telemetry(self) -> Telemetry: ...
     def payload_limit(self, task_name: str | None) -> int | None: ...
+    def broker_for(self, queue: str) -> Broker: ...
+    def telemetry_for(self, queue: str) -> Telemetry: ...
 
 
 class Worker:
@@ -83,17 +86,12 @@ class Worker:
         handle_signals: bool = False,
         name: str | None = None,
         heartbeat: float = 5.0,
+        queues: Sequence[str] | Mapping[str, float] | None = None,
+        priority_share: float = Broker.priority_share,
     ) -> None:
-        if not isinstance(concurrency, int) or concurrency < 1:
-            raise ConfigError(f"worker concurrency must be an integer >= 1, got {concurrency!r}")
-        if not isinstance(prefetch, int) or prefetch < 0:
-            raise ConfigError(f"worker prefetch must be an integer >= 0, got {prefetch!r}")
-        if grace < 0:
-            raise ConfigError(f"worker grace must be >= 0 seconds, got {grace!r}")
-        if heartbeat <= 0:
-            raise ConfigError(f"worker heartbeat must be > 0 seconds, got {heartbeat!r}")
+        check_options(concurrency, prefetch, grace, heartbeat)
         self.app = app
-        self.broker = app.broker
+        self.queues, self.broker = consumed_broker(app, queues)
         self.concurrency = concurrency
         self.prefetch = prefetch
         self.grace = grace
@@ -110,7 +108,7 @@ class Worker:
         self.stuck_reported: set[str] = set()
         self.tel = app.telemetry
         self._transient = self.broker.transient_errors
-        self._depth: QueueDepth | None = None
+        self._depths: dict[str, QueueDepth] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._stop = asyncio.Event()
         self.stopping = Stopping(self._stop)  # a second signal: stop without waiting for jobs
@@ -118,38 +116,42 @@ class Worker:
         ttls = [app.lease_ttl, *(t.options.lease_ttl for t in app.tasks.values())]
         self._max_ttl = max(ttls)
         self.running = RunningJobs(self.broker, self.name, self._spawn)
-        self.slots = Slots(
-            concurrency, lambda delivery, waited: self.path.process(delivery, waited)
-        )
-        self.settler = Settler(
-            self.broker,
-            worker=self.name,
-            stats=self.stats,
-            window=self.window,
-            errors=errors,
-            runaway=runaway,
-            tel=self.tel,
-            record_ttl=app.idempotency_ttl,
-            redact=app.redact_errors,
-            within=self._max_ttl,
-        )
-        self.path = JobPath(
-            broker=self.broker,
-            tasks=app.tasks,
-            payload_limit=app.payload_limit,
-            cache=app.cache,
-            host=self,
-            tel=self.tel,
-            keeper=self.keeper,
-            settler=self.settler,
-            running=self.running,
-            settling=self.slots.settling,
-            stats=self.stats,
-            window=self.window,
-            stopping=self._stop,
-            min_ttl=min(ttls),
-            spawn=self._spawn,
-        )
+        self.paths: dict[str, JobPath] = {}  # a job path per queue, on its broker and telemetry
+        self.slots = Slots(concurrency, route(self.paths, self.queues))
+        for queue in self.queues:
+            broker, tel = app.broker_for(queue), app.telemetry_for(queue)
+            broker.set_priority_share(priority_share)  # its lower levels' share of fetches
+            settler = Settler(
+                broker,
+                worker=self.name,
+                stats=self.stats,
+                window=self.window,
+                errors=errors,
+                runaway=runaway,
+                tel=tel,
+                record_ttl=app.idempotency_ttl,
+                redact=app.redact_errors,
+                within=self._max_ttl,
+            )
+            self.paths[queue] = JobPath(
+                broker=broker,
+                tasks=app.tasks,
+                payload_limit=app.payload_limit,
+                cache=app.cache,
+                host=self,
+                tel=tel,
+                keeper=self.keeper,
+                settler=settler,
+                running=self.running,
+                settling=self.slots.settling,
+                stats=self.stats,
+                window=self.window,
+                stopping=self._stop,
+                min_ttl=min(ttls),
+                spawn=self._spawn,
+            )
+        self.path = self.paths[self.queues[0]]
+        self.settler = self.path.settler
         #: One voice for a broker outage, shared by the fetch, promote, reclaim and heartbeat
         #: loops: a warning when the broker stops answering, a line when it answers again.
         self.outage = Outage(self.broker.describe())
@@ -164,7 +166,7 @@ class Worker:
             lease_ttl=self._lease_ttl_of,
             min_ttl=min(ttls),
             outage=self.outage,
-            retry_due=lambda: self.settler.retry_due,
+            retry_due=lambda: max(p.settler.retry_due for p in self.paths.values()),
         )
 
     @property
@@ -174,7 +176,8 @@ class Worker:
 
     @errors.setter
     def errors(self, tracker: ErrorTracker) -> None:
-        self.settler.errors = tracker
+        for path in self.paths.values():
+            path.settler.errors = tracker
 
     @property
     def runaway(self) -> RunawayGuard:
@@ -183,7 +186,8 @@ class Worker:
 
     @runaway.setter
     def runaway(self, guard: RunawayGuard) -> None:
-        self.settler.runaway = guard
+        for path in self.paths.values():
+            path.settler.runaway = guard
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -238,7 +242,7 @@ class Worker:
         log.info(
             "worker %s started: queue=%r concurrency=%d tasks=%s",
             self.name,
-            self.app.queue,
+            ",".join(self.queues),
             self.concurrency,
             ", ".join(sorted(self.app.tasks)),
         )
@@ -286,6 +290,7 @@ class Worker:
             await asyncio.wait(set(self._background), timeout=5.0)
         await self.keeper.close()
         self.tel.remove_gauges(self._gauges)
+        self.tel.flush()  # the histogram values kept since the last collection
         with contextlib.suppress(Exception):
             await self.broker.remove_heartbeat(self.name)
         if self.handle_signals:
@@ -334,7 +339,7 @@ class Worker:
                         self.name, self.summary(), ttl=self.heartbeat * 3
                     )
                     if self.tel.metering:
-                        self._depth = await self.broker.depth()
+                        self._depths = await depths_of(self.broker)
                 except self._transient as exc:
                     self.outage.failed("publishing the worker heartbeat", exc)
                 else:
@@ -349,9 +354,7 @@ class Worker:
                 {**self.tel.metric_attributes(None), "aqw.worker": self.name},
             )
         ]
-        if self._depth is not None:
-            readings += self.tel.depth_readings(self._depth)
-        return readings
+        return readings + depth_readings(self.paths, self._depths)
 
     def summary(self) -> dict[str, Any]:
         """What this worker publishes in its heartbeat: state, counters, recent rates,

@@ -9,6 +9,20 @@
 -- per-job part is as small as it can be: the keys are built here from the queue's prefix
 -- (all in the queue's slot) and the time is the server's.
 --
+-- Flow control (aqw/brokers/_flow.py), checked after the lease is known free and before
+-- anything is written, so a refused job changes nothing but its rate bucket's queue mark:
+-- * a rate bucket (`rate:<bucket>`, a hash) is GCRA: field t is the theoretical arrival time
+--   (server microseconds); a start at now >= t - tolerance is admitted and sets
+--   t = max(t, now) + interval. A refused job is told to come back at its turn: field w is
+--   the turn last promised, each refusal promises the next one (max(t - tolerance, w), then
+--   w moves on by interval), so jobs refused together return spread out, not all at once.
+--   The hash expires (PX) once both times have passed: idle buckets vanish.
+-- * a per-key cap (`slots:<key>`, a ZSET of its holders' lease key names) drops the members
+--   whose lease key no longer exists (a finished job's lease is deleted by its settle step, a
+--   crashed holder's expires), then admits while fewer than max remain; the ZSET lives as
+--   long as its longest lease (job_renew.lua moves it on). A lease this job already holds (a
+--   retried call) counts as its own slot.
+--
 -- The counter is checked first (as in lease_acquire_many.lua): if it is not a non-negative
 -- integer, or handing out a token to every job asked for would pass 2^53 - 1
 -- (9007199254740991), nothing is written and the reply is an error starting "AQWFENCE".
@@ -18,11 +32,20 @@
 -- it has run a while (job_progress.lua), so short jobs cost nothing there.
 -- KEYS[1] fencing counter
 -- ARGV[1] key prefix (aqw:{q}:), ARGV[2] worker, ARGV[3] record ttl in ms, ARGV[4] lease ttl
---   in ms, then per job (3): job id, lease token, attempt
+--   in ms, then per job: job id, lease token, attempt, rate bucket ('' for none), interval and
+--   burst tolerance in microseconds, number of caps n, then n pairs (concurrency key, most
+--   holders)
 -- Returns one reply per job: its fencing token, 0 when its lease is held by another token,
--- -1 when the job was cancelled.
+-- -1 when the job was cancelled, {'rate_limit', microseconds until its turn} or
+-- {'concurrency', the holders' shortest remaining lease in ms (0: unknown)} when a limit
+-- refused it.
 local limit = 9007199254740991
-local n = (#ARGV - 4) / 3
+local n = 0
+local a = 5
+while a <= #ARGV do
+  n = n + 1
+  a = a + 7 + 2 * tonumber(ARGV[a + 6])
+end
 local value = redis.pcall('GET', KEYS[1])
 local damage = nil
 if type(value) == 'table' then
@@ -39,35 +62,101 @@ if damage then
 end
 local prefix, worker, keep, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = now_us / 1e6
 local started = string.format('%.6f', now)
 local expires = string.format('%.6f', now + tonumber(ttl) / 1000)
+
+-- The live holders of cap `slots` other than `lease`, after dropping the dead ones; and the
+-- shortest remaining lease among them (ms, 0 when none or unknown). `mine` when `lease` is one.
+local function holders(slots, lease)
+  local live, soonest, mine = 0, 0, false
+  for _, member in ipairs(redis.call('ZRANGE', slots, 0, -1)) do
+    local left = redis.call('PTTL', member)
+    if member == lease then
+      mine = true
+    elseif left == -2 then
+      redis.call('ZREM', slots, member)
+    else
+      live = live + 1
+      if left > 0 and (soonest == 0 or left < soonest) then
+        soonest = left
+      end
+    end
+  end
+  return live, soonest, mine
+end
+
+local function expire_after(key, ms)
+  if ms > 0 then
+    redis.call('PEXPIRE', key, math.ceil(ms))
+  end
+end
+
 local out = {}
-for a = 5, #ARGV, 3 do
-  local job, token = ARGV[a], ARGV[a + 1]
+a = 5
+while a <= #ARGV do
+  local job, token, bucket, interval = ARGV[a], ARGV[a + 1], ARGV[a + 3], tonumber(ARGV[a + 4])
+  local tolerance, ncaps = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6])
+  local caps = a + 7
+  local attempt = ARGV[a + 2]
+  a = caps + 2 * ncaps
   local lease, rec = prefix .. 'lease:' .. job, prefix .. 'job:' .. job
   local cur = redis.pcall('HMGET', rec, 'state', 'cancel')
   local damaged = cur.err ~= nil
+  local held = redis.call('GET', lease)
+  local refused = nil
   if not damaged and (cur[1] == 'cancelled' or cur[2] == '1') then
     out[#out + 1] = -1
+  elseif held and held ~= token then
+    out[#out + 1] = 0
   else
-    local took = redis.call('SET', lease, token, 'NX', 'PX', ttl)
-    if not took and redis.call('GET', lease) == token then
-      redis.call('PEXPIRE', lease, ttl)
-      took = true
+    local rate, tat, promised = nil, 0, 0
+    if bucket ~= '' then
+      rate = prefix .. 'rate:' .. bucket
+      local got = redis.call('HMGET', rate, 't', 'w')
+      tat, promised = tonumber(got[1]) or 0, tonumber(got[2]) or 0
+      if tat - tolerance > now_us and not held then
+        local turn = math.max(tat - tolerance, promised)
+        redis.call('HSET', rate, 'w', string.format('%d', turn + interval))
+        expire_after(rate, (turn + interval - now_us) / 1000)
+        refused = {'rate_limit', turn - now_us}
+      end
     end
-    if took then
+    for c = caps, caps + 2 * (ncaps - 1), 2 do
+      if refused then
+        break
+      end
+      local live, soonest, mine = holders(prefix .. 'slots:' .. ARGV[c], lease)
+      if not mine and live >= tonumber(ARGV[c + 1]) then
+        refused = {'concurrency', soonest}
+      end
+    end
+    if refused then
+      out[#out + 1] = refused
+    else
+      redis.call('SET', lease, token, 'PX', ttl)
       local fence = redis.call('INCR', KEYS[1])
+      if rate and not held then
+        local nxt = math.max(tat, now_us) + interval
+        redis.call('HSET', rate, 't', string.format('%d', nxt))
+        expire_after(rate, (math.max(nxt, promised) - now_us) / 1000)
+      end
+      for c = caps, caps + 2 * (ncaps - 1), 2 do
+        local slots = prefix .. 'slots:' .. ARGV[c]
+        redis.call('ZADD', slots, now, lease)
+        if redis.call('PTTL', slots) < tonumber(ttl) then
+          redis.call('PEXPIRE', slots, ttl)
+        end
+      end
       if not damaged then
-        redis.call('HSET', rec, 'state', 'running', 'attempts', ARGV[a + 2],
+        redis.call('HSET', rec, 'state', 'running', 'attempts', attempt,
           'started_at', started, 'worker', worker, 'fencing_token', fence,
           'lease_expires_at', expires)
         redis.call('HDEL', rec, 'progress', 'message', 'run_at')  -- of an earlier wait or run
         redis.call('PEXPIRE', rec, keep)
       end
       out[#out + 1] = fence
-    else
-      out[#out + 1] = 0
     end
   end
 end

@@ -289,6 +289,11 @@ class SQSBroker(Broker):
         body, and so ``job``, cannot change on SQS)."""
         return await self._settler.retry(delivery, job, run_at, lease, failure)
 
+    async def defer(self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None) -> bool:
+        """Hide the message until ``run_at``; rate limits and per-key caps are not enforced
+        on SQS (the worker refuses them), so only ``aqw.RateLimited`` defers here."""
+        return await self._settler.defer(delivery, job, run_at, lease)
+
     async def dead_letter(
         self,
         delivery: Delivery,

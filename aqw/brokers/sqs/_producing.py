@@ -26,10 +26,12 @@ class Producer:
         self._queues = queues
 
     async def publish(self, jobs: Sequence[Job]) -> None:
+        self.refuse_priorities(jobs)
         await self._connection.ensure()
         await self._send(self._queues.url, [self.entry(job) for job in jobs])
 
     async def schedule(self, jobs: Sequence[Job], run_at: float) -> None:
+        self.refuse_priorities(jobs)
         await self._connection.ensure()
         delay = run_at - time.time()
         if delay <= 0:
@@ -46,6 +48,17 @@ class Producer:
         else:
             entries = [self.entry(job, MAX_DELAY, run_at) for job in jobs]
         await self._send(self._queues.url, entries)
+
+    def refuse_priorities(self, jobs: Sequence[Job]) -> None:
+        """A ``ConfigError`` for a job with a priority level: SQS hands messages out in no
+        order of ours, so levels live in separate queues instead."""
+        level = next((job.priority for job in jobs if job.priority), 0)
+        if level:
+            raise ConfigError(
+                f"enqueue: priority={level}: SQS has no message priorities; use one queue per "
+                f"level (e.g. {self._queues.name}-high) and run a worker on several queues "
+                "(aqw worker --queues, or app.worker(queues=[...]), highest first)"
+            )
 
     def entry(self, job: Job, delay: int = 0, not_before: float | None = None) -> Entry:
         """The SendMessage fields of ``job``: due after ``delay`` seconds, and not handed out

@@ -24,9 +24,9 @@ log = logging.getLogger("aqw.sqs")
 
 
 class Settler:
-    """SQSBroker's ``ack``, ``retry``, ``dead_letter`` and ``requeue``. Each returns False
-    (``dead_letter``: None), touching nothing, when another holder runs the job now;
-    ``counts`` are what it did."""
+    """SQSBroker's ``ack``, ``retry``, ``defer``, ``dead_letter`` and ``requeue``. Each
+    returns False (``dead_letter``: None), touching nothing, when another holder runs the
+    job now; ``counts`` are what it did."""
 
     def __init__(
         self,
@@ -107,6 +107,23 @@ class Settler:
         if ok:
             fields = failure_fields(failure) if failure is not None else {}
             self._records.retrying(job, time.time() + seconds, fields)
+        else:
+            self._records.requeued(job.id)
+        return ok
+
+    async def defer(self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None) -> bool:
+        """Hide the message until ``run_at`` (at most 12 h from its receive), as ``retry``
+        does; its record reads delayed. SQS counts the next receive, and so the attempt."""
+        held = self._held.take(delivery, lease)
+        if held is None:
+            return False
+        budget = max(0, MAX_VISIBILITY - math.ceil(time.monotonic() - held.received) - 1)
+        seconds = min(math.ceil(max(0.0, run_at - time.time())), budget)
+        ok = await self._connection.set_visibility(held.receipt, seconds, self._queues.url)
+        await self._locks.unlock(lease)
+        self._bump("deferred" if ok else "defer_refused")
+        if ok:
+            self._records.deferred(job, time.time() + seconds)
         else:
             self._records.requeued(job.id)
         return ok

@@ -1,0 +1,81 @@
+"""The producer's step: validate payloads, build the jobs and hand them to their queue's broker
+(published now, scheduled for later, under an idempotency key, or debounced)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+from ._arguments import check_sizes, debounce_headers, enqueue_times, priority_of
+from .brokers import Broker
+from .errors import ConfigError
+from .job import Job
+from .task import Enqueued, Task
+from .telemetry import Telemetry
+
+
+class ProducerApp(Protocol):
+    """What enqueueing needs of the App."""
+
+    @property
+    def queue(self) -> str: ...
+    @property
+    def idempotency_ttl(self) -> float: ...
+    def broker_for(self, queue: str) -> Broker: ...
+    def telemetry_for(self, queue: str) -> Telemetry: ...
+
+
+async def enqueue_jobs(
+    app: ProducerApp,
+    target: Task[Any],
+    payloads: Sequence[Any],
+    *,
+    key: str | None,
+    delay: float | None,
+    at: datetime | None,
+    headers: dict[str, str] | None,
+    expires: float | datetime | None,
+    debounce: float | None,
+    debounce_max: float | None,
+    queue: str | None,
+    priority: int | None,
+) -> list[Enqueued]:
+    """Enqueue one job of ``target`` per payload; every argument is checked and every payload
+    validated before anything is written (the options are ``Task.enqueue``'s)."""
+    queue = queue if queue is not None else target.options.queue or app.queue
+    broker = app.broker_for(queue)  # a bad queue name raises before anything is written
+    run_at, expires_at = enqueue_times(key, delay, at, expires)
+    level = priority_of(priority, target.options.priority, "enqueue")
+    bodies = [target.validate(p) for p in payloads]
+    timed = delay is not None or at is not None
+    heads = debounce_headers(headers, key, timed, len(bodies), debounce, debounce_max)
+    jobs = [
+        Job(
+            task=target.name,
+            payload=b,
+            key=key,
+            headers=heads,
+            expires_at=expires_at,
+            priority=level,
+        )
+        for b in bodies
+    ]
+    with app.telemetry_for(queue).publish(jobs):  # measured with the headers it adds
+        check_sizes(target.name, target.options.max_payload_bytes, jobs)
+        if key is not None:
+            if len(jobs) != 1:
+                raise ConfigError("enqueue: an idempotency key names exactly one job")
+            due = run_at if run_at is not None and run_at > time.time() else None
+            job_id, duplicate = await (
+                broker.publish_debounced(jobs[0], debounce, debounce_max)
+                if debounce is not None  # a debounce key, not an idempotency key
+                else broker.publish_unique(jobs[0], app.idempotency_ttl, due)
+            )
+            return [Enqueued(job_id, duplicate)]
+        if run_at is not None and run_at > time.time():
+            await broker.schedule(jobs, run_at)
+        else:
+            await broker.publish(jobs)
+    return [Enqueued(job.id) for job in jobs]

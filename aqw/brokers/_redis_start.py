@@ -1,0 +1,132 @@
+"""A job's start on Redis, under its lease and its limits (``job_start.lua``), and its
+deferral (``defer.lua``): the same job back in the delayed set, no attempt spent."""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+from .._redis import scripts
+from .._redis.keys import GROUP
+from .._redis.lease import RedisLeaseBackend
+from ..errors import FenceCorrupted, JobCancelled, RateLimited
+from ..job import Job
+from ..lease import Lease
+from ..record import UNFINISHED_KEEP
+from ._flow import Limits, cap_wait, rate_wait
+from ._redis_jobs import RedisJobs
+from ._redis_levels import locate
+from .base import Delivery
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+def _limit_args(limits: Limits | None) -> tuple[Any, ...]:
+    """A job's flow-control part of ``job_start.lua``'s per-job ARGV."""
+    if limits is None:
+        return ("", 0, 0, 0)
+    caps = [x for cap in limits.caps for x in cap]
+    bucket = limits.bucket or ""
+    return (bucket, limits.interval_us, limits.tolerance_us, len(limits.caps), *caps)
+
+
+def refusal(reply: Any) -> RateLimited | None:
+    """The ``aqw.RateLimited`` of a job start refused for a limit, or None."""
+    if not isinstance(reply, list):
+        return None
+    reason = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
+    if reason == "rate_limit":
+        return RateLimited(rate_wait(int(reply[1])), reason=reason)
+    return RateLimited(cap_wait(int(reply[1]), random.random()), reason=reason)
+
+
+class RedisJobLease:
+    """A job's lease backend (``RedisBroker.job_lease_backend``): ``acquire`` runs
+    ``job_start.lua``, which takes the lease and marks the record running in one step,
+    refuses a cancelled job (``JobCancelled``, taking nothing) and, with ``limits``, a job
+    over its rate limit or per-key cap (``aqw.RateLimited``, taking nothing); ``renew``
+    (``job_renew.lua``) also moves the record's lease expiry on and keeps the job's cap sets
+    alive; ``release`` is the plain one."""
+
+    __slots__ = ("_fence", "_job", "_jobs", "_limits", "_worker")
+
+    def __init__(self, jobs: RedisJobs, job: Job, worker: str, limits: Limits | None) -> None:
+        self._jobs = jobs
+        self._job = job
+        self._worker = worker
+        self._limits = limits or None
+        self._fence = ""  # the fencing token of the lease taken, once taken
+
+    async def acquire(self, key: str, token: str, ttl_ms: int) -> int | None:
+        jobs, job = self._jobs, self._job
+        try:
+            fence = await jobs.batcher.merged(
+                jobs.job_start,
+                (jobs.keys.fence,),
+                (jobs.prefix, self._worker, _ms(UNFINISHED_KEEP), ttl_ms),
+                (),
+                (job.id, token, job.attempt, *_limit_args(self._limits)),
+            )
+        except Exception as exc:  # redis-py's ResponseError carries the script's error
+            message = str(exc)
+            if not message.startswith(RedisLeaseBackend.FENCE_ERROR):
+                raise
+            value = message.rpartition("exhausted: ")[2] or "unknown"
+            raise FenceCorrupted(jobs.keys.fence, value) from None
+        refused = refusal(fence)
+        if refused is not None:
+            raise refused
+        if int(fence) == -1:
+            raise JobCancelled(job.id)
+        if int(fence) > 0:
+            self._fence = str(int(fence))
+        return int(fence) or None
+
+    async def renew(self, key: str, token: str, ttl_ms: int) -> bool:
+        jobs = self._jobs
+        expires = repr(time.time() + ttl_ms / 1000)
+        caps = self._limits.cap_keys if self._limits is not None else ()
+        renewed = await jobs.batcher.script(
+            jobs.job_renew,
+            [key, jobs.keys.record(self._job.id), *(jobs.keys.slots(c) for c in caps)],
+            [token, ttl_ms, self._fence, expires, _ms(UNFINISHED_KEEP)],
+        )
+        return bool(renewed)
+
+    async def release(self, key: str, token: str) -> bool:
+        return await self._jobs.leases.release(key, token)
+
+
+async def defer(
+    jobs: RedisJobs,
+    consumer: str,
+    delivery: Delivery,
+    job: Job,
+    run_at: float,
+    lease: Lease | None,
+) -> bool:
+    """``Broker.defer`` on Redis: ``defer.lua``, into the delayed set of the job's level."""
+    k = jobs.keys
+    key, token = (lease.key, lease.token) if lease is not None else (k.lease("-"), "")
+    keep = UNFINISHED_KEEP + max(0.0, run_at - time.time())
+    stream, entry_id = locate(k, delivery)  # back to the delayed set of its level
+    ok = await jobs.batcher.script(
+        scripts.load("defer"),
+        [stream, k.delayed_for(job.priority), key, k.stats, k.record(job.id), k.running],
+        [
+            GROUP,
+            token,
+            entry_id,
+            int(run_at * 1000),
+            job.encode(),
+            consumer,
+            job.id,
+            _ms(keep),
+            repr(run_at),
+            job.attempt - 1,
+        ],
+    )
+    return bool(ok)

@@ -1,0 +1,51 @@
+"""The Redis broker's depth history (``aqw:{q}:depth``, written by ``depth_sample.lua`` once
+per bucket from the workers' heartbeats, trimmed to ``DEPTH_KEEP`` seconds) and its page of
+the delayed set: what the dashboard reads (``_views.py``)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from .._redis import scripts
+from .._redis.batch import CommandBatcher
+from .._redis.keys import GROUP, QueueKeys
+from ._redis_records import text
+from ._views import DEPTH_KEEP, DEPTH_SAMPLES, BrokerViews, DelayedJob, DepthSample, bucket_of
+
+
+class RedisViews(BrokerViews):
+    """Depth history and delayed page of a queue on Redis (mixed into ``RedisBroker``)."""
+
+    keys: QueueKeys
+    client: Redis
+    batcher: CommandBatcher
+
+    async def sample_depth(self, at: float) -> None:
+        """Add the bucket's sample unless it has one (one script call, O(log N)); a damaged
+        key (not a ZSET) is skipped, never failing the heartbeat that calls this."""
+        k = self.keys
+        with contextlib.suppress(ResponseError):
+            await self.batcher.script(
+                scripts.load("depth_sample"),
+                [k.depth, k.stream, k.delayed, k.dlq],
+                [bucket_of(at), DEPTH_KEEP, GROUP],
+            )
+
+    async def depth_history(self, since: float) -> list[DepthSample]:
+        try:
+            raw: Any = await self.client.zrangebyscore(
+                self.keys.depth, since, "+inf", start=0, num=DEPTH_SAMPLES
+            )
+        except ResponseError:  # not a ZSET: no history to show
+            return []
+        return [s for s in (DepthSample.decode(text(m)) for m in raw) if s is not None]
+
+    async def delayed_page(self, start: int, count: int) -> list[DelayedJob]:
+        raw: Any = await self.client.zrange(
+            self.keys.delayed, start, start + count - 1, withscores=True
+        )
+        return [DelayedJob(float(due), m if isinstance(m, bytes) else m.encode()) for m, due in raw]

@@ -1,0 +1,79 @@
+"""A worker's options and the queues it serves: the checks of its arguments, the broker it
+consumes (a ``MultiBroker`` over several queues, ``aqw/brokers/multi.py``), the routing of
+each delivery to its queue's job path, and the depth gauges per queue."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from ..brokers.base import Broker, QueueDepth
+from ..brokers.multi import MultiBroker, queue_of, queue_plan
+from ..errors import ConfigError
+from ._job_path import JobPath
+from ._slots import Runner
+
+
+class QueuesApp(Protocol):
+    """What choosing the queues needs of the App."""
+
+    @property
+    def broker(self) -> Broker: ...
+    @property
+    def queue(self) -> str: ...
+    def broker_for(self, queue: str) -> Broker: ...
+
+
+def check_options(concurrency: object, prefetch: object, grace: float, heartbeat: float) -> None:
+    """Refuse a bad worker option with a message naming it."""
+    if not isinstance(concurrency, int) or concurrency < 1:
+        raise ConfigError(f"worker concurrency must be an integer >= 1, got {concurrency!r}")
+    if not isinstance(prefetch, int) or prefetch < 0:
+        raise ConfigError(f"worker prefetch must be an integer >= 0, got {prefetch!r}")
+    if grace < 0:
+        raise ConfigError(f"worker grace must be >= 0 seconds, got {grace!r}")
+    if heartbeat <= 0:
+        raise ConfigError(f"worker heartbeat must be > 0 seconds, got {heartbeat!r}")
+
+
+def consumed_broker(
+    app: QueuesApp, queues: Sequence[str] | Mapping[str, float] | None
+) -> tuple[tuple[str, ...], Broker]:
+    """(the queues served, in order; the broker to consume): the app's own broker without
+    ``queues`` (or with its queue alone), else a ``MultiBroker`` over each queue's broker,
+    whose home (producing, locks, schedule marks) is the app's broker."""
+    if queues is None:
+        return (app.queue,), app.broker
+    plan = queue_plan(queues)
+    if plan.names == (app.queue,):
+        return plan.names, app.broker
+    brokers = {name: app.broker_for(name) for name in plan.names}
+    return plan.names, MultiBroker(brokers, plan.weights, home=app.broker)
+
+
+def route(paths: Mapping[str, JobPath], queues: Sequence[str]) -> Runner:
+    """Run each delivery on the job path of its queue (``paths`` is filled after this)."""
+    if len(queues) == 1:
+        only = queues[0]
+        return lambda delivery, waited: paths[only].process(delivery, waited)
+    first = queues[0]
+    return lambda delivery, waited: paths[queue_of(delivery, first)].process(delivery, waited)
+
+
+async def depths_of(broker: Broker) -> dict[str, QueueDepth]:
+    """The depth of each queue ``broker`` consumes, by name."""
+    if isinstance(broker, MultiBroker):
+        return await broker.depths()
+    return {broker.queue: await broker.depth()}
+
+
+def depth_readings(
+    paths: Mapping[str, JobPath], depths: Mapping[str, QueueDepth]
+) -> list[tuple[str, float, dict[str, Any]]]:
+    """Gauge readings of each queue's depth, with that queue's telemetry attributes."""
+    out: list[tuple[str, float, dict[str, Any]]] = []
+    for name, depth in depths.items():
+        path = paths.get(name)
+        if path is not None:
+            out += path.tel.depth_readings(depth)
+    return out
