@@ -13,6 +13,7 @@ Endpoints:
 - ``DELETE /jobs/{job_id}`` cancels the job (``app.cancel``): a waiting job never runs, a
   running one is stopped at its next lease renewal.
 - ``GET /health`` reports the embedded worker (503 unless it is running).
+- ``/aqw/`` is the web dashboard of the queue (``aqw.dashboard``; the ``dashboard`` extra).
 
 Configuration from the environment: ``AQW_BROKER`` (default ``memory://``), ``AQW_QUEUE``
 (default ``reports``), ``AQW_CONCURRENCY`` (default 8), ``AQW_GRACE`` (default 30 s).
@@ -42,6 +43,7 @@ from fastapi import FastAPI, Header, HTTPException, Query, Request, Response
 from pydantic import BaseModel, Field
 
 import aqw
+from aqw.dashboard import create_app as create_dashboard
 from aqw.fastapi import health, lifespan, worker_of
 
 
@@ -86,6 +88,7 @@ def create_app(broker: str | None = None, queue: str | None = None) -> FastAPI:
         ),
     )
     api.state.jobs = jobs
+    api.mount("/aqw", create_dashboard(jobs))  # the web dashboard: no lifespan of its own
 
     @api.post("/jobs", status_code=202)
     async def enqueue(

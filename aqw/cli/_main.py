@@ -23,6 +23,7 @@ from .._text import printable
 from .._version import __version__
 from ..errors import AqwError, ConfigError, UnknownJob, UnknownTask
 from . import _cron as cron_cli
+from . import _dashboard as dashboard_cli
 from . import _dlq as dlq_cli
 from . import _enqueue as enqueue_cli
 from . import _job as job_cli
@@ -52,6 +53,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = 
     "monitor": monitor_cli.run,
     "dlq": dlq_cli.run,
     "cron": cron_cli.run,
+    "dashboard": dashboard_cli.run,
     "bench": bench_cli.run,
 }
 
@@ -77,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cli.add_parser(sub)
     dlq_cli.add_parser(sub)
     cron_cli.add_parser(sub)
+    dashboard_cli.add_parser(sub)
     return parser
 
 

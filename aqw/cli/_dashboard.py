@@ -1,0 +1,54 @@
+"""``aqw dashboard``: serve the web dashboard of an app's queue under uvicorn, on loopback
+unless told otherwise (``--host``). Needs the ``dashboard`` extra."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ._common import CliError, add_log_options, add_target, integer, resolve_app
+
+
+def add_parser(sub: Any) -> None:
+    """Add ``aqw dashboard`` to the command line's subparsers."""
+    p = sub.add_parser(
+        "dashboard",
+        help="serve the web dashboard of a queue",
+        description="Serve the web dashboard (aqw.dashboard.create_app) under uvicorn. It "
+        "binds to 127.0.0.1 unless --host says otherwise: put it behind your own auth "
+        "before exposing it (see the dashboard page of the docs).",
+    )
+    add_target(p, positional_app=True)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=integer(1), default=8080, help="port to listen on (default 8080)")
+    p.add_argument(
+        "--read-only", action="store_true", help="refuse every write action (cancel, replay)"
+    )
+    p.add_argument(
+        "--trace-url",
+        metavar="TEMPLATE",
+        help="link trace ids, e.g. https://tempo.example/trace/{trace_id}",
+    )
+    add_log_options(p)
+
+
+async def run(args: argparse.Namespace) -> int:
+    """``aqw dashboard [APP] [--host H] [--port P] [--read-only]``: serve until SIGINT/SIGTERM."""
+    if args.port > 65535:
+        raise CliError(f"--port must be 1-65535, got {args.port}")
+    try:
+        import uvicorn
+
+        from ..dashboard import create_app
+    except ImportError as exc:
+        raise CliError(
+            f"aqw dashboard needs the dashboard extra (pip install 'aqw[dashboard]'): {exc}"
+        ) from None
+    app = resolve_app(args)
+    try:
+        web = create_app(app, read_only=args.read_only, trace_url=args.trace_url)
+        config = uvicorn.Config(web, host=args.host, port=args.port, log_level="info")
+        await uvicorn.Server(config).serve()
+    finally:
+        await app.close()
+    return 0

@@ -1,0 +1,14 @@
+"""The web dashboard: a server-rendered view of one App's queue, mountable in any
+Starlette or FastAPI application (``api.mount("/aqw", aqw.dashboard.create_app(app))``) or
+run standalone with ``aqw dashboard``. Needs the ``dashboard`` extra (Starlette, Jinja2;
+uvicorn for the command).
+
+Pages: overview (``aqw status``'s numbers and an hour of depth), workers, running jobs
+(cancel), delayed and retrying jobs, schedules, the dead-letter queue (grouped by error
+fingerprint; replay, replay with an edited payload, purge), one job's record, and the
+Redis server's memory. Every page reads a bounded amount, whatever the queue holds."""
+
+from ._app import create_app
+from ._core import AuthHook
+
+__all__ = ["AuthHook", "create_app"]

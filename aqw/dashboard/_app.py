@@ -1,0 +1,65 @@
+"""``create_app``: the dashboard as a Starlette application (routes to the pages of
+``_pages.py`` and the actions of ``_actions.py``, the assets of ``static/``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from ..errors import ConfigError
+from . import _actions as actions
+from . import _pages as pages
+from ._core import AuthHook, Dashboard
+from ._queries import DashboardApp
+
+STATIC = Path(__file__).parent / "static"
+
+
+def create_app(
+    app: DashboardApp,
+    *,
+    read_only: bool = False,
+    auth: AuthHook | None = None,
+    trace_url: str | None = None,
+) -> Starlette:
+    """The dashboard of ``app``'s queue, as an ASGI application.
+
+    Mount it in your own application (``api.mount("/aqw", create_app(app))``) or run it
+    with ``aqw dashboard``. It needs no lifespan: the App's broker is connected on the
+    first request and its client reused.
+
+    Args:
+        app: the ``aqw.App`` whose queue to show.
+        read_only: refuse every write action (cancel, replay, purge) with 403, and show no
+            buttons for them.
+        auth: called with each request (``starlette.requests.Request``); returns (or
+            awaits to) True to serve it, False to answer 401 (with a ``WWW-Authenticate:
+            Basic`` challenge).
+        trace_url: a link template for trace ids, such as
+            ``"https://tempo.example/trace/{trace_id}"``.
+    """
+    if trace_url is not None and "{trace_id}" not in trace_url:
+        raise ConfigError(f"trace_url must contain {{trace_id}}, got {trace_url!r}")
+    dash = Dashboard(app, read_only=read_only, auth=auth, trace_url=trace_url)
+    get = dash.endpoint
+    routes = [
+        Route("/", get(pages.overview), name="overview"),
+        Route("/workers", get(pages.workers), name="workers"),
+        Route("/running", get(pages.running), name="running"),
+        Route("/delayed", get(pages.delayed), name="delayed"),
+        Route("/schedules", get(pages.schedules), name="schedules"),
+        Route("/dlq", get(pages.dead_letters), name="dlq"),
+        Route("/dlq/entry/{entry_id}", get(pages.dead_entry), name="dlq_entry"),
+        Route("/jobs", get(pages.find_job), name="find_job"),
+        Route("/jobs/{job_id:path}", get(pages.job), name="job"),
+        Route("/redis", get(pages.redis), name="redis"),
+        Route("/actions/cancel", get(actions.cancel, True), methods=["POST"]),
+        Route("/actions/replay", get(actions.replay, True), methods=["POST"]),
+        Route("/actions/replay-edited", get(actions.replay_edited, True), methods=["POST"]),
+        Route("/actions/purge", get(actions.purge, True), methods=["POST"]),
+        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+    ]
+    return Starlette(routes=routes)
