@@ -4,6 +4,7 @@ every level; bad levels refused; SQS refuses priorities. On memory, fakeredis an
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import time
@@ -76,6 +77,39 @@ async def test_the_task_default_and_an_enqueue_override(backend: Backend) -> Non
     await urgent.enqueue("top", priority=9)
     await run_burst(app, concurrency=1, priority_share=0)
     assert ran == ["top", "default", "low"]
+
+
+async def test_high_jobs_behind_a_low_backlog_start_before_any_further_low_one(
+    backend: Backend,
+) -> None:
+    """1,000 low jobs waiting and a worker running them; then 10 high ones, at a level this
+    queue has never used: once the enqueue returns, no low job starts before the last high
+    one but those the worker already held (its slots and one fetch on its way)."""
+    app = backend.app()
+    starts: list[str] = []
+    concurrency = 4
+
+    @app.task(name="low")
+    async def low(n: int) -> None:
+        starts.append("low")
+        await asyncio.sleep(0.001)
+
+    @app.task(name="high")
+    async def high(n: int) -> None:
+        starts.append("high")
+
+    producer = backend.app()  # another process: the worker's broker has not seen level 7
+    producer.task(name="high")(high.fn)
+    await low.enqueue_many(list(range(1000)))
+    async with running(app.worker(concurrency=concurrency, priority_share=0)):
+        await eventually(lambda: len(starts) >= 50, 20, "50 low jobs started")
+        await producer.enqueue("high", list(range(10)), priority=7)
+        mark = len(starts)
+        await eventually(lambda: starts.count("high") == 10, 20, "the 10 high jobs started")
+        last_high = max(i for i, s in enumerate(starts) if s == "high")
+    assert starts.count("low") < 1000, "the backlog drained before the high jobs were read"
+    held = 2 * concurrency  # in the slots, and one fetch on its way
+    assert starts[mark:last_high].count("low") <= held, starts[mark : last_high + 1]
 
 
 async def _run_against_a_steady_high_stream(backend: Backend, share: float) -> tuple[int, int]:
