@@ -414,6 +414,18 @@ async def test_depth_history_one_sample_per_bucket_whatever_the_workers(backend:
     await two.close()
 
 
+async def test_a_depth_sample_counts_every_priority_level(backend: Backend) -> None:
+    broker = backend.broker()
+    await broker.connect()
+    await broker.publish([aqw.Job(task="t"), aqw.Job(task="t", priority=5)])
+    await broker.schedule([aqw.Job(task="t", priority=9)], time.time() + 600)
+    now = time.time() // DEPTH_BUCKET * DEPTH_BUCKET
+    await broker.sample_depth(now + 1)
+    [sample] = await broker.depth_history(now - 1)
+    assert (sample.waiting, sample.delayed) == (2, 1)
+    await broker.close()
+
+
 async def test_workers_write_depth_samples_with_their_heartbeat(backend: Backend) -> None:
     app = backend.app()
 

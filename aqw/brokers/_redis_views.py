@@ -13,6 +13,7 @@ from redis.exceptions import ResponseError
 from .._redis import scripts
 from .._redis.batch import CommandBatcher
 from .._redis.keys import GROUP, QueueKeys
+from ._redis_levels import RedisLevels
 from ._redis_records import text
 from ._views import DEPTH_KEEP, DEPTH_SAMPLES, BrokerViews, DelayedJob, DepthSample, bucket_of
 
@@ -23,15 +24,20 @@ class RedisViews(BrokerViews):
     keys: QueueKeys
     client: Redis
     batcher: CommandBatcher
+    levels: RedisLevels
 
     async def sample_depth(self, at: float) -> None:
-        """Add the bucket's sample unless it has one (one script call, O(log N)); a damaged
-        key (not a ZSET) is skipped, never failing the heartbeat that calls this."""
+        """Add the bucket's sample, summed over the priority levels in use, unless it has one
+        (one script call, O(log N)); a damaged key (not a ZSET) is skipped, never failing the
+        heartbeat that calls this."""
         k = self.keys
+        per_level = [
+            key for lv in self.levels.active for key in (k.stream_for(lv), k.delayed_for(lv))
+        ]
         with contextlib.suppress(ResponseError):
             await self.batcher.script(
                 scripts.load("depth_sample"),
-                [k.depth, k.stream, k.delayed, k.dlq],
+                [k.depth, k.dlq, *per_level],
                 [bucket_of(at), DEPTH_KEEP, GROUP],
             )
 
