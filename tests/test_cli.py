@@ -180,6 +180,9 @@ def test_a_bad_log_setting_is_one_line(
         (["worker", "jobs:app", "--burst"], {"AQW_PREFETCH": "-1"}, "AQW_PREFETCH"),
         (["worker", "jobs:app", "--burst"], {"AQW_GRACE": "soon"}, "AQW_GRACE"),
         (["enqueue", "jobs:app", "bye", "--delay", "-1"], {}, "--delay"),
+        (["enqueue", "jobs:app", "bye", "--priority", "-1"], {}, "--priority"),
+        (["worker", "jobs:app", "--priority-share", "-0.1"], {}, "--priority-share"),
+        (["worker", "jobs:app", "--burst"], {"AQW_PRIORITY_SHARE": "x"}, "AQW_PRIORITY_SHARE"),
         (["status", "--broker", "memory://", "--watch", "0"], {}, "--watch"),
         (["monitor", "--broker", "memory://", "--interval", "0"], {}, "--interval"),
         (["dlq", "list", "--broker", "memory://", "--limit", "0"], {}, "--limit"),
@@ -244,6 +247,8 @@ def test_enqueue_names_the_app_any_way(project: Path, argv: list[str], env: dict
     ("argv", "env", "said"),
     [
         (["enqueue", "jobs:app", "nope"], {}, "unknown task 'nope' (registered: bye, hello)"),
+        (["enqueue", "jobs:app", "bye", "--priority", "10"], {}, "priority"),
+        (["worker", "jobs:app", "--burst", "--priority-share", "2"], {}, "priority_share"),
         (["enqueue", "nope", "{}"], {"AQW_APP": "jobs:app"}, "registered: bye, hello"),
         (["enqueue", "jobs:app"], {}, "name the task"),
         (["enqueue", "--app", "jobs:app", "other:app", "bye"], {}, "named twice"),

@@ -294,6 +294,7 @@ def test_worker_argv_drops_processes_and_keeps_the_rest() -> None:
         concurrency=64,
         prefetch=0,
         grace=12.5,
+        priority_share=0.0,
         burst=True,
         processes=4,
     )
@@ -310,5 +311,7 @@ def test_worker_argv_drops_processes_and_keeps_the_rest() -> None:
         "0",
         "--grace",
         "12.5",
+        "--priority-share",
+        "0.0",
         "--burst",
     ]

@@ -9,7 +9,15 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..errors import UnknownTask
-from ._common import CliError, add_log_options, add_target, number, resolve_app, take_app
+from ._common import (
+    CliError,
+    add_log_options,
+    add_target,
+    integer,
+    number,
+    resolve_app,
+    take_app,
+)
 
 
 def add_parser(sub: Any) -> None:
@@ -31,6 +39,9 @@ def add_parser(sub: Any) -> None:
     e.add_argument(
         "--delay", type=number(0), metavar="SECONDS", help="seconds before the job may run, >= 0"
     )
+    e.add_argument(
+        "--priority", type=integer(0), metavar="N", help="priority level 0-9, higher runs first"
+    )
     add_log_options(e)
 
 
@@ -45,7 +56,7 @@ def task_and_payload(args: argparse.Namespace) -> tuple[str, str | None]:
 
 
 async def run(args: argparse.Namespace) -> int:
-    """``aqw enqueue [APP] TASK [PAYLOAD] [--key KEY] [--delay SECONDS]``."""
+    """``aqw enqueue [APP] TASK [PAYLOAD] [--key KEY] [--delay SECONDS] [--priority N]``."""
     task_name, raw = task_and_payload(args)
     app = resolve_app(args)
     try:
@@ -58,7 +69,12 @@ async def run(args: argparse.Namespace) -> int:
         except UnknownTask as exc:
             raise CliError(str(exc)) from None
         try:
-            job_id = await task.enqueue(payload, key=args.key, delay=args.delay)
+            job_id = await task.enqueue(
+                payload,
+                key=args.key,
+                delay=args.delay,
+                priority=args.priority,
+            )
         except ValidationError as exc:
             raise CliError(f"payload does not fit task {task_name!r}: {exc}") from None
     finally:

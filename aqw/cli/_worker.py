@@ -10,6 +10,7 @@ import sys
 import time
 from typing import Any
 
+from ..brokers.base import Broker
 from ..brokers.multi import queue_plan
 from ..errors import ConfigError
 from ..telemetry import configure_otel, shutdown_otel
@@ -56,6 +57,13 @@ def add_parser(sub: Any) -> None:
         metavar="Q1,Q2|Q1=W1,Q2=W2",
         help="serve several queues with one pool of slots: in strict order (high,default,low) "
         "or by weight (high=5,default=3,low=1) (default AQW_QUEUES, else --queue alone)",
+    )
+    w.add_argument(
+        "--priority-share",
+        type=number(0),
+        metavar="SHARE",
+        help="the lower priority levels' share of fetches, 0 to 1; 0: strict priority "
+        "(default AQW_PRIORITY_SHARE, else 0.05)",
     )
     w.add_argument("--burst", action="store_true", help="exit when the queue is empty")
     w.add_argument(
@@ -132,6 +140,9 @@ async def run(args: argparse.Namespace) -> int:
     if grace is None:
         grace = env_float("AQW_GRACE", 30.0, minimum=0.0)
     queues: str | None = args.queues or os.environ.get("AQW_QUEUES") or None
+    share: float | None = args.priority_share
+    if share is None:
+        share = env_float("AQW_PRIORITY_SHARE", Broker.priority_share, minimum=0.0)
     worker = app.worker(
         concurrency=concurrency,
         prefetch=prefetch,
@@ -139,6 +150,7 @@ async def run(args: argparse.Namespace) -> int:
         burst=args.burst,
         handle_signals=True,
         queues=None if queues is None else parse_queues(queues),
+        priority_share=share,
     )
     started = time.perf_counter()
     try:

@@ -83,10 +83,18 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
     argv.append("worker")
     if getattr(args, "app", None):
         argv.append(str(args.app))
-    for option in ("broker", "queue", "queues", "concurrency", "prefetch", "grace"):
+    for option in (
+        "broker",
+        "queue",
+        "queues",
+        "concurrency",
+        "prefetch",
+        "grace",
+        "priority_share",
+    ):
         value = getattr(args, option, None)
         if value is not None:
-            argv += [f"--{option}", str(value)]
+            argv += [f"--{option.replace('_', '-')}", str(value)]
     if getattr(args, "burst", False):
         argv.append("--burst")
     return argv
