@@ -1,7 +1,7 @@
 """A worker process for tests/test_rate_limits.py and tests/test_concurrency_caps.py:
 ``python tests/limits_worker.py QUEUE rate|cap``.
 
-``rate``: the task ``limited`` (``rate_limit="20/s"``, payload an int) appends
+``rate``: the task ``limited`` (``rate_limit="50/s"``, payload an int) appends
 ``{"n", "id", "attempt", "pid"}`` to the ledger. ``cap``: the task ``capped``
 (``concurrency_key`` = the payload's ``key``, ``max_per_key=1``) sleeps 0.1 s and appends
 ``{"key", "n", "start", "end", "pid"}``, its start and end read from the Redis server's clock.
@@ -35,7 +35,7 @@ async def main(queue: str, mode: str) -> None:
     async def write(entry: dict[str, Any]) -> None:
         await ledger.rpush(key, json.dumps({**entry, "pid": os.getpid()}))  # type: ignore[misc]
 
-    @app.task(name="limited", rate_limit="20/s")
+    @app.task(name="limited", rate_limit="50/s")
     async def limited(n: int, ctx: aqw.Context) -> None:
         await write({"n": n, "id": ctx.job.id, "attempt": ctx.job.attempt})
 
