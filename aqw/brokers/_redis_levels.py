@@ -142,8 +142,10 @@ class RedisLevels:
         levels = self.active
         streams = [self.keys.stream_for(lv) for lv in levels]
         try:
-            reply: Any = await self.batcher.script(
-                self._fetch,
+            # On the client, as the blocking read below: not through the batcher, where the
+            # settle steps of running jobs would queue behind a fetch.
+            reply: Any = await self._fetch(
+                self.client,
                 [self.keys.levels, *streams],
                 [GROUP, consumer, count, "1" if share else "0", *(lv for lv in levels if lv)],
             )
