@@ -44,6 +44,18 @@ async def enqueue_jobs(
 ) -> list[Enqueued]:
     """Enqueue one job of ``target`` per payload; every argument is checked and every payload
     validated before anything is written (the options are ``Task.enqueue``'s)."""
+    if (
+        len(payloads) == 1
+        and key is None
+        and delay is None
+        and at is None
+        and headers is None
+        and expires is None
+        and debounce is None
+        and debounce_max is None
+        and priority is None
+    ):
+        return [await _enqueue_plain(app, target, payloads, queue)]
     queue = queue if queue is not None else target.options.queue or app.queue
     broker = app.broker_for(queue)  # a bad queue name raises before anything is written
     run_at, expires_at = enqueue_times(key, delay, at, expires)
@@ -56,11 +68,11 @@ async def enqueue_jobs(
             task=target.name,
             payload=b,
             key=key,
-            headers=heads,
+            headers=h,
             expires_at=expires_at,
             priority=level,
         )
-        for b in bodies
+        for b, h in zip(bodies, target.job_headers(payloads, bodies, heads), strict=True)
     ]
     with app.telemetry_for(queue).publish(jobs):  # measured with the headers it adds
         check_sizes(target.name, target.options.max_payload_bytes, jobs)
@@ -79,3 +91,21 @@ async def enqueue_jobs(
         else:
             await broker.publish(jobs)
     return [Enqueued(job.id) for job in jobs]
+
+
+async def _enqueue_plain(
+    app: ProducerApp, target: Task[Any], payloads: Sequence[Any], queue: str | None
+) -> Enqueued:
+    """``enqueue_jobs`` of one payload with no option but ``queue`` (the common enqueue):
+    the same checks in the same order and the same job, without the steps of the options."""
+    queue = queue if queue is not None else target.options.queue or app.queue
+    broker = app.broker_for(queue)
+    bodies = [target.validate(payloads[0])]
+    heads = target.job_headers(payloads, bodies, {})
+    jobs = [
+        Job(task=target.name, payload=bodies[0], headers=heads[0], priority=target.options.priority)
+    ]
+    with app.telemetry_for(queue).publish(jobs):
+        check_sizes(target.name, target.options.max_payload_bytes, jobs)
+        await broker.publish(jobs)
+    return Enqueued(jobs[0].id)

@@ -10,6 +10,7 @@ from ._arguments import check_task_options, priority_of
 from .brokers._flow import flow_control
 from .brokers.multi import check_queue
 from .cache import Cache
+from .errors import ConfigError
 from .retry import RetryPolicy
 from .schedule import Schedule
 from .task import Invalidates, TaskOptions
@@ -36,6 +37,7 @@ class TaskSettings(TypedDict, total=False):
     rate_key: Callable[[Any], object] | None
     concurrency_key: Callable[[Any], object] | None
     max_per_key: int | None
+    group_key: Callable[[Any], object] | None
 
 
 class AppDefaults(Protocol):
@@ -84,7 +86,9 @@ def task_options(app: AppDefaults, task_name: str, settings: TaskSettings) -> Ta
         needs_cache=invalidates is not None and app.cache is None,
         schedule=schedule,
     )
-    queue = s.get("queue")
+    queue, group_key = s.get("queue"), s.get("group_key")
+    if group_key is not None and not callable(group_key):
+        raise ConfigError(f"task {task_name!r}: group_key must be a function of the payload")
     return TaskOptions(
         policy,
         ttl,
@@ -107,4 +111,5 @@ def task_options(app: AppDefaults, task_name: str, settings: TaskSettings) -> Ta
             s.get("concurrency_key"),
             s.get("max_per_key"),
         ),
+        group_key=group_key,
     )

@@ -213,6 +213,13 @@ class App:
             concurrency_key: a function of the payload; with ``max_per_key`` (an integer >= 1),
                 at most that many jobs of one key run at once across every worker.
             max_per_key: see ``concurrency_key``.
+            group_key: a function of the validated payload returning the job's message
+                group, a string of 1-128 ASCII letters, digits and punctuation (else
+                ``enqueue`` raises a ConfigError naming ``group_key``), kept in the job's
+                ``aqw-group`` header (an enqueue's own ``headers={"aqw-group": ...}`` wins).
+                On SQS it is the ``MessageGroupId``: order per group on FIFO queues,
+                fairness per group (fair queues) on standard ones. The Redis and in-process
+                brokers carry it but do not order or share by it.
         """
 
         def register(handler: Handler[R]) -> Task[R]:

@@ -26,6 +26,9 @@ class Job(BaseModel):
     """
 
     model_config = ConfigDict(frozen=True, extra="ignore")
+    #: The wire form once made (``encode``); a slot, so not a field and not carried over to
+    #: a ``model_copy``.
+    __slots__ = ("_wire",)
 
     v: Literal[1] = 1
     id: str = Field(default_factory=new_job_id, min_length=1, max_length=200)
@@ -44,10 +47,18 @@ class Job(BaseModel):
     priority: int = Field(default=0, ge=MIN_PRIORITY, le=MAX_PRIORITY, strict=True)
 
     def encode(self) -> bytes:
-        """The wire form: compact UTF-8 JSON."""
+        """The wire form: compact UTF-8 JSON, made once per job (the size check and the
+        broker share it): a job's headers must not change once it has been encoded."""
+        try:  # the slot itself: a miss on ``self._wire`` would go through pydantic
+            return _WIRE.__get__(self, Job)  # type: ignore[no-any-return]
+        except AttributeError:
+            pass
         if self.priority:
-            return self.model_dump_json().encode()
-        return self.model_dump_json(exclude=_DEFAULT_PRIORITY).encode()
+            wire = self.model_dump_json().encode()
+        else:
+            wire = self.model_dump_json(exclude=_DEFAULT_PRIORITY).encode()
+        _WIRE.__set__(self, wire)
+        return wire
 
     @classmethod
     def decode(cls, data: bytes | str) -> Job:
@@ -69,6 +80,10 @@ class Job(BaseModel):
     def next_attempt(self) -> Job:
         """A copy for the next run (attempt + 1)."""
         return self.model_copy(update={"attempt": self.attempt + 1})
+
+
+#: ``Job``'s ``_wire`` slot (its descriptor).
+_WIRE: Any = Job.__dict__["_wire"]
 
 
 def _describe(exc: ValidationError) -> str:

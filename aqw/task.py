@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 import typing
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -91,6 +92,8 @@ class TaskOptions:
     flow: FlowControl = NO_FLOW
     #: The queue this task's jobs go to unless an enqueue names one (None: the app's).
     queue: str | None = None
+    #: A function of the validated payload: the job's message group (``GROUP_HEADER``).
+    group_key: Callable[[Any], object] | None = None
 
     def keys_to_invalidate(self, payload: Any) -> list[str]:
         """The cache keys a completed job with ``payload`` invalidates."""
@@ -267,6 +270,29 @@ class Task(Generic[R]):
         """The payload's JSON-able form; raises ``pydantic.ValidationError`` when invalid."""
         return self.codec.dump(payload)
 
+    def job_headers(
+        self, payloads: Sequence[Any], bodies: Sequence[Any], headers: dict[str, str]
+    ) -> list[dict[str, str]]:
+        """Each job's headers: ``headers``, plus the message group of the task's
+        ``group_key`` unless ``headers`` names one; a bad group is a ConfigError naming
+        where it came from. ``bodies`` are the validated forms of ``payloads``."""
+        given = headers.get(GROUP_HEADER)
+        if given is not None:
+            check_group(given, f"enqueue: headers[{GROUP_HEADER!r}]")
+        if given is not None or self.options.group_key is None:
+            return [headers] * len(bodies)
+        group_key, model = self.options.group_key, self.codec.model
+        what = f"task {self.name!r}: group_key"
+        return [
+            {
+                **headers,
+                GROUP_HEADER: check_group(
+                    group_key(p if model and isinstance(p, model) else self.codec.load(b)), what
+                ),
+            }
+            for p, b in zip(payloads, bodies, strict=True)
+        ]
+
     async def enqueue(
         self,
         payload: Any = None,
@@ -343,6 +369,23 @@ class Task(Generic[R]):
             priority=priority,
             queue=queue,
         )
+
+
+#: The job header that holds its message group: SQS's ``MessageGroupId``.
+GROUP_HEADER = "aqw-group"
+#: A message group as SQS takes it: 1-128 ASCII letters, digits and punctuation.
+_GROUP = re.compile(r"[!-~]{1,128}")
+
+
+def check_group(value: object, what: str) -> str:
+    """``value`` when it is a valid message group, else a ConfigError naming ``what``."""
+    if not isinstance(value, str) or not _GROUP.fullmatch(value):
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        raise ConfigError(
+            f"{what} must be a string of 1-128 ASCII letters, digits and punctuation (an SQS "
+            f"MessageGroupId), got {shown} ({type(value).__name__})"
+        )
+    return value
 
 
 def is_validation_error(exc: BaseException) -> bool:

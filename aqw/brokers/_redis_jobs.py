@@ -36,6 +36,14 @@ def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
 
+def _ack_values(idem: str, values: list[str]) -> tuple[Any, ...]:
+    """The tail of a job's per-job ``ack.lua`` ARGV: the count, then the idempotency key and
+    the record's field/value pairs (nothing after the count when there are none)."""
+    if not idem and not values:
+        return (b"0",)
+    return (len(values) + 1, idem, *values)
+
+
 def _flat(fields: dict[str, str]) -> list[str]:
     return [x for pair in fields.items() for x in pair]
 
@@ -92,6 +100,12 @@ class RedisJobs:
         #: The prefix of every key of the queue (``aqw:{q}:``): scripts build per-job keys.
         self.prefix = keys.tag + ":"
         self.enqueue = scripts.load("enqueue")
+        #: ``enqueue.lua``'s keys and shared ARGV for the common job: level 0, due now, no
+        #: key, no expiry (``_enqueue_head`` of such a job, made once).
+        self._now_keys = (keys.stream, keys.delayed)
+        self._now_head = (self.prefix, _ms(UNFINISHED_KEEP), 0, "", "", "")
+        #: A lone enqueue is on its way on its own (``publish``).
+        self._sending = False
         self.unique = scripts.load("enqueue_unique")
         self.job_start = scripts.load("job_start")
         self.job_renew = scripts.load("job_renew")
@@ -105,22 +119,18 @@ class RedisJobs:
     # -- producing -------------------------------------------------------------------------
 
     async def publish(self, jobs: Sequence[Job], due: float | None = None) -> None:
-        """Enqueue ``jobs`` now (``due`` None) or at ``due``: one merged call for a single
-        job (concurrent single enqueues share one), else one call per ``ENQUEUE_CHUNK``."""
+        """Enqueue ``jobs`` now (``due`` None) or at ``due``: one call for a single job
+        (concurrent single enqueues share one), else one call per ``ENQUEUE_CHUNK``."""
         if not jobs:
+            return
+        if len(jobs) == 1:
+            await self._publish_one(jobs[0], due)
             return
         now = time.time()
         later = due is not None and due > now
         keep = UNFINISHED_KEEP + (due - now if due is not None and later else 0.0)
         level = jobs[0].priority  # the stream and delayed set of the jobs' priority level
         shared = (self.keys.stream_for(level), self.keys.delayed_for(level))
-        if len(jobs) == 1:
-            job = jobs[0]
-            head = _enqueue_head(self.prefix, keep, due, later, job)
-            await self.batcher.merged(
-                self.enqueue, shared, head, (), (job.encode(), job.id, job.task, job.enqueued_at)
-            )
-            return
         calls = []
         for start in range(0, len(jobs), ENQUEUE_CHUNK):
             chunk = jobs[start : start + ENQUEUE_CHUNK]
@@ -137,6 +147,28 @@ class RedisJobs:
                 argv += (job.encode(), job.id, job.task, job.enqueued_at)
             calls.append(self.batcher.script(self.enqueue, list(shared), argv))
         await asyncio.gather(*calls)
+
+    async def _publish_one(self, job: Job, due: float | None) -> None:
+        """One job: sent at once when no other lone enqueue is on its way (a direct call,
+        no batch to form), else through the batcher, merged with the single enqueues
+        queued meanwhile into one script call."""
+        if due is None and job.key is None and job.expires_at is None and not job.priority:
+            keys, head = self._now_keys, self._now_head  # the common job
+        else:
+            now = time.time()
+            later = due is not None and due > now
+            keep = UNFINISHED_KEEP + (due - now if due is not None and later else 0.0)
+            keys = (self.keys.stream_for(job.priority), self.keys.delayed_for(job.priority))
+            head = _enqueue_head(self.prefix, keep, due, later, job)
+        item = (job.encode(), job.id, job.task, job.enqueued_at)
+        if self._sending:
+            await self.batcher.merged(self.enqueue, keys, head, (), item)
+            return
+        self._sending = True
+        try:
+            await self.enqueue(self.client, list(keys), [*head, *item])
+        finally:
+            self._sending = False
 
     async def publish_unique(self, job: Job, ttl: float, run_at: float | None) -> Any:
         assert job.key is not None
@@ -200,7 +232,8 @@ class RedisJobs:
                 _ms(record_ttl) if record_ttl > 0 else 0,
             ),
             (),
-            (entry_id, token, job.id if job is not None else "", idem, len(values), *values),
+            # most jobs: no key, result nor error, no values after their count
+            (entry_id, token, job.id if job is not None else "", *_ack_values(idem, values)),
         )
         return bool(ok)
 

@@ -24,13 +24,19 @@ def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
 
+#: The flow-control part of ``job_start.lua``'s per-job ARGV for a job without limits.
+_NO_LIMITS = (b"0",)
+
+
 def _limit_args(limits: Limits | None) -> tuple[Any, ...]:
-    """A job's flow-control part of ``job_start.lua``'s per-job ARGV."""
+    """A job's flow-control part of ``job_start.lua``'s per-job ARGV: the count of the values
+    that follow, then the values (none for a job without limits: fewer arguments to pack)."""
     if limits is None:
-        return ("", 0, 0, 0)
+        return _NO_LIMITS
     caps = [x for cap in limits.caps for x in cap]
     bucket = limits.bucket or ""
-    return (bucket, limits.interval_us, limits.tolerance_us, len(limits.caps), *caps)
+    values = (bucket, limits.interval_us, limits.tolerance_us, len(limits.caps), *caps)
+    return (len(values), *values)
 
 
 def refusal(reply: Any) -> RateLimited | None:

@@ -20,8 +20,10 @@
 -- KEYS[1] stream, KEYS[2] stats hash, KEYS[3] running index
 -- ARGV[1] group, ARGV[2] consumer, ARGV[3] key prefix (aqw:{q}:), ARGV[4] final state,
 --   ARGV[5] job record ttl in ms, ARGV[6] completion record ttl in ms (0: none), then per job:
---   entry id, lease token ('' for none), job id ('' when undecodable: no job record),
---   idempotency key ('' for none), count of the field/value values that follow, values
+--   entry id, lease token ('' for none), job id ('' when undecodable: no job record), the
+--   count m of values that follow (0 for a job without an idempotency key, result or error:
+--   most jobs pass four values), then m values: the idempotency key ('' for none) and the
+--   record's field/value pairs
 -- Returns one reply per job: 1 when acknowledged, 0 when refused.
 local final = {succeeded = true, failed = true, dead = true, cancelled = true, expired = true}
 local prefix, state, keep, done_ttl = ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
@@ -48,10 +50,11 @@ local out = {}
 local counted = 0
 local a = 7
 while a <= #ARGV do
-  local entry, token, job, idem = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
-  local nvalues = tonumber(ARGV[a + 4])
-  local first = a + 5
-  a = first + nvalues
+  local entry, token, job = ARGV[a], ARGV[a + 1], ARGV[a + 2]
+  local m = tonumber(ARGV[a + 3])
+  local idem = m > 0 and ARGV[a + 4] or ''
+  local first = a + 5  -- the first field/value value, when m > 1
+  a = a + 4 + m
   -- Without a lease (token ''), as before a lease was taken: the entry's ownership decides.
   local lease = prefix .. 'lease:' .. ((token ~= '' and job ~= '') and job or '-')
   local cur = redis.call('GET', lease)

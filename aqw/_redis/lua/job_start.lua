@@ -32,9 +32,13 @@
 -- it has run a while (job_progress.lua), so short jobs cost nothing there.
 -- KEYS[1] fencing counter
 -- ARGV[1] key prefix (aqw:{q}:), ARGV[2] worker, ARGV[3] record ttl in ms, ARGV[4] lease ttl
---   in ms, then per job: job id, lease token, attempt, rate bucket ('' for none), interval and
---   burst tolerance in microseconds, number of caps n, then n pairs (concurrency key, most
---   holders)
+--   in ms, then per job: job id, lease token, attempt, the count m of limit values that follow
+--   (0 for a job without limits: most jobs pass four values), then m values: rate bucket (''
+--   for none), interval and burst tolerance in microseconds, number of caps n, then n pairs
+--   (concurrency key, most holders)
+-- The counter is read once and written once (INCRBY of the tokens handed out), and the fields
+-- of an earlier wait or run are deleted only when the record has one: per job, the work is
+-- the few commands the job's own keys need.
 -- Returns one reply per job: its fencing token, 0 when its lease is held by another token,
 -- -1 when the job was cancelled, {'rate_limit', microseconds until its turn} or
 -- {'concurrency', the holders' shortest remaining lease in ms (0: unknown)} when a limit
@@ -44,7 +48,7 @@ local n = 0
 local a = 5
 while a <= #ARGV do
   n = n + 1
-  a = a + 7 + 2 * tonumber(ARGV[a + 6])
+  a = a + 4 + tonumber(ARGV[a + 3])
 end
 local value = redis.pcall('GET', KEYS[1])
 local damage = nil
@@ -93,71 +97,88 @@ local function expire_after(key, ms)
   end
 end
 
+local fenced = tonumber(value) or 0  -- the last token handed out
+-- Run as one protected call: whatever error stops it midway, the tokens of the leases it
+-- took are counted before the error is returned, so no token is ever handed out twice.
 local out = {}
-a = 5
-while a <= #ARGV do
-  local job, token, bucket, interval = ARGV[a], ARGV[a + 1], ARGV[a + 3], tonumber(ARGV[a + 4])
-  local tolerance, ncaps = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6])
-  local caps = a + 7
-  local attempt = ARGV[a + 2]
-  a = caps + 2 * ncaps
-  local lease, rec = prefix .. 'lease:' .. job, prefix .. 'job:' .. job
-  local cur = redis.pcall('HMGET', rec, 'state', 'cancel')
-  local damaged = cur.err ~= nil
-  local held = redis.call('GET', lease)
-  local refused = nil
-  if not damaged and (cur[1] == 'cancelled' or cur[2] == '1') then
-    out[#out + 1] = -1
-  elseif held and held ~= token then
-    out[#out + 1] = 0
-  else
-    local rate, tat, promised = nil, 0, 0
-    if bucket ~= '' then
-      rate = prefix .. 'rate:' .. bucket
-      local got = redis.call('HMGET', rate, 't', 'w')
-      tat, promised = tonumber(got[1]) or 0, tonumber(got[2]) or 0
-      if tat - tolerance > now_us and not held then
-        local turn = math.max(tat - tolerance, promised)
-        redis.call('HSET', rate, 'w', string.format('%d', turn + interval))
-        expire_after(rate, (turn + interval - now_us) / 1000)
-        refused = {'rate_limit', turn - now_us}
-      end
+local function start_all()
+  a = 5
+  while a <= #ARGV do
+    local job, token, attempt = ARGV[a], ARGV[a + 1], ARGV[a + 2]
+    local bucket, interval, tolerance, ncaps, caps = '', 0, 0, 0, a + 4
+    if ARGV[a + 3] ~= '0' then
+      bucket, interval, tolerance = ARGV[a + 4], tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6])
+      ncaps, caps = tonumber(ARGV[a + 7]), a + 8
     end
-    for c = caps, caps + 2 * (ncaps - 1), 2 do
-      if refused then
-        break
-      end
-      local live, soonest, mine = holders(prefix .. 'slots:' .. ARGV[c], lease)
-      if not mine and live >= tonumber(ARGV[c + 1]) then
-        refused = {'concurrency', soonest}
-      end
-    end
-    if refused then
-      out[#out + 1] = refused
+    a = a + 4 + tonumber(ARGV[a + 3])
+    local lease, rec = prefix .. 'lease:' .. job, prefix .. 'job:' .. job
+    local cur = redis.pcall('HMGET', rec, 'state', 'cancel', 'progress', 'message', 'run_at')
+    local damaged = cur.err ~= nil
+    local held = redis.call('GET', lease)
+    local refused = nil
+    if not damaged and (cur[1] == 'cancelled' or cur[2] == '1') then
+      out[#out + 1] = -1
+    elseif held and held ~= token then
+      out[#out + 1] = 0
     else
-      redis.call('SET', lease, token, 'PX', ttl)
-      local fence = redis.call('INCR', KEYS[1])
-      if rate and not held then
-        local nxt = math.max(tat, now_us) + interval
-        redis.call('HSET', rate, 't', string.format('%d', nxt))
-        expire_after(rate, (math.max(nxt, promised) - now_us) / 1000)
-      end
-      for c = caps, caps + 2 * (ncaps - 1), 2 do
-        local slots = prefix .. 'slots:' .. ARGV[c]
-        redis.call('ZADD', slots, now, lease)
-        if redis.call('PTTL', slots) < tonumber(ttl) then
-          redis.call('PEXPIRE', slots, ttl)
+      local rate, tat, promised = nil, 0, 0
+      if bucket ~= '' then
+        rate = prefix .. 'rate:' .. bucket
+        local got = redis.call('HMGET', rate, 't', 'w')
+        tat, promised = tonumber(got[1]) or 0, tonumber(got[2]) or 0
+        if tat - tolerance > now_us and not held then
+          local turn = math.max(tat - tolerance, promised)
+          redis.call('HSET', rate, 'w', string.format('%d', turn + interval))
+          expire_after(rate, (turn + interval - now_us) / 1000)
+          refused = {'rate_limit', turn - now_us}
         end
       end
-      if not damaged then
-        redis.call('HSET', rec, 'state', 'running', 'attempts', attempt,
-          'started_at', started, 'worker', worker, 'fencing_token', fence,
-          'lease_expires_at', expires)
-        redis.call('HDEL', rec, 'progress', 'message', 'run_at')  -- of an earlier wait or run
-        redis.call('PEXPIRE', rec, keep)
+      for c = caps, caps + 2 * (ncaps - 1), 2 do
+        if refused then
+          break
+        end
+        local live, soonest, mine = holders(prefix .. 'slots:' .. ARGV[c], lease)
+        if not mine and live >= tonumber(ARGV[c + 1]) then
+          refused = {'concurrency', soonest}
+        end
       end
-      out[#out + 1] = fence
+      if refused then
+        out[#out + 1] = refused
+      else
+        redis.call('SET', lease, token, 'PX', ttl)
+        fenced = fenced + 1
+        local fence = fenced
+        if rate and not held then
+          local nxt = math.max(tat, now_us) + interval
+          redis.call('HSET', rate, 't', string.format('%d', nxt))
+          expire_after(rate, (math.max(nxt, promised) - now_us) / 1000)
+        end
+        for c = caps, caps + 2 * (ncaps - 1), 2 do
+          local slots = prefix .. 'slots:' .. ARGV[c]
+          redis.call('ZADD', slots, now, lease)
+          if redis.call('PTTL', slots) < tonumber(ttl) then
+            redis.call('PEXPIRE', slots, ttl)
+          end
+        end
+        if not damaged then
+          redis.call('HSET', rec, 'state', 'running', 'attempts', attempt,
+            'started_at', started, 'worker', worker, 'fencing_token', fence,
+            'lease_expires_at', expires)
+          if cur[3] or cur[4] or cur[5] then  -- of an earlier wait or run
+            redis.call('HDEL', rec, 'progress', 'message', 'run_at')
+          end
+          redis.call('PEXPIRE', rec, keep)
+        end
+        out[#out + 1] = fence
+      end
     end
   end
+end
+local ok, err = pcall(start_all)
+if fenced > (tonumber(value) or 0) then
+  redis.call('INCRBY', KEYS[1], fenced - (tonumber(value) or 0))
+end
+if not ok then
+  error(err)
 end
 return out

@@ -38,6 +38,8 @@ How aqw's model maps onto SQS:
   not handed out: it is hidden again with a visibility change (<= 12 h, while the queue's redrive
   limit is not near) and, for the last stretch, re-sent as a fresh message (then deleted), so the
   job's first run starts at receive count 1. FIFO queues refuse per-message delays: ConfigError.
+- **Groups.** The job header ``aqw-group`` (``@app.task(group_key=...)``, checked at enqueue)
+  is the MessageGroupId: on a standard queue, a fair queue's tenant (sent only when set).
 - **FIFO.** MessageGroupId is the job header ``aqw-group`` or else the task name;
   MessageDeduplicationId the idempotency key or the job id. SQS hands out several messages of
   one group in one receive, and aqw runs jobs concurrently, so on FIFO queues every

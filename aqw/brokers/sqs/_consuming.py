@@ -177,11 +177,13 @@ class Consumer:
             hide = min(int(remaining) - MAX_DELAY, MAX_VISIBILITY)
             await self._connection.set_visibility(receipt, hide, url)
             return
+        group = msg.get("Attributes", {}).get("MessageGroupId")
         await self._connection.call(
             "send_message",
             QueueUrl=url,
             MessageBody=msg["Body"],
             MessageAttributes=raw_attributes(msg),
             DelaySeconds=min(MAX_DELAY, max(1, math.ceil(remaining))),
+            **({"MessageGroupId": group} if group else {}),  # a fair queue's tenant
         )
         await self._connection.delete(receipt, url)

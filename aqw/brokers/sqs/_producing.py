@@ -1,5 +1,5 @@
-"""Sending jobs: SendMessage(Batch) entries, DelaySeconds and not-before for long delays, FIFO
-group and deduplication ids."""
+"""Sending jobs: SendMessage(Batch) entries, DelaySeconds and not-before for long delays, the
+message group (FIFO order, fair queues) and FIFO deduplication ids."""
 
 from __future__ import annotations
 
@@ -75,9 +75,13 @@ class Producer:
         }
         if delay:
             entry["DelaySeconds"] = delay
+        group = job.headers.get("aqw-group")
         if self._queues.fifo:
-            entry["MessageGroupId"] = job.headers.get("aqw-group") or job.task
+            entry["MessageGroupId"] = group or job.task
+            # The key or job id alone: under DeduplicationScope=queue, one key in any group.
             entry["MessageDeduplicationId"] = dedup_id(job.key or job.id)
+        elif group:  # a fair queue's tenant; sent only when given (compatible servers)
+            entry["MessageGroupId"] = group
         return entry
 
     async def _send(self, url: str, entries: list[Entry]) -> None:
