@@ -435,3 +435,79 @@ def test_an_sqs_endpoint_nobody_listens_on_is_one_line(project: Path, command: s
     argv = [*COMMANDS[command], *_broker(closed), "--log-level", "WARNING"]
     line = one_line_error(aqw(project, *argv, env={**REGION, **CREDENTIALS}), 1)
     assert f"cannot reach SQS at {closed}" in line and "sqs://cli-test" in line
+
+
+# -- the event loop: --loop, AQW_LOOP ------------------------------------------------------------
+
+LOOP_APP_SOURCE = """
+import asyncio
+import gc
+
+import aqw
+
+app = aqw.App("memory://loop")
+
+
+@app.task
+async def which_loop() -> None:
+    loop = type(asyncio.get_running_loop()).__module__.split(".")[0]
+    print("loop:", loop, "frozen:", gc.get_freeze_count() > 0, flush=True)
+"""
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize(
+    ("argv", "env", "loop"),
+    [
+        (["--loop", "uvloop"], {}, "uvloop"),
+        ([], {"AQW_LOOP": "uvloop"}, "uvloop"),
+        (["--loop", "asyncio"], {"AQW_LOOP": "uvloop"}, "asyncio"),  # the option wins
+        ([], {}, "asyncio"),
+    ],
+    ids=["option", "env", "option-wins", "default"],
+)
+def test_a_burst_worker_runs_its_jobs_on_the_loop_it_is_given_with_its_heap_frozen(
+    project: Path, redis_url: str, queue_name: str, argv: list[str], env: dict[str, str], loop: str
+) -> None:
+    (project / "loopjobs.py").write_text(LOOP_APP_SOURCE)
+    target = ["--broker", redis_url, "--queue", queue_name]
+    enqueued = aqw(project, "enqueue", "loopjobs:app", "which_loop", *target)
+    assert enqueued.returncode == 0, explain(enqueued)
+    result = aqw(project, "worker", "loopjobs:app", *target, "--burst", *argv, env=env)
+    assert result.returncode == 0, explain(result)
+    # and the start-up heap was frozen (out of the full collections' way) before it ran
+    assert result.stdout.splitlines() == [f"loop: {loop} frozen: True"], explain(result)
+    assert "1 processed" in result.stderr, explain(result)
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "named"),
+    [
+        (["--loop", "trio"], {}, "--loop"),
+        ([], {"AQW_LOOP": "trio"}, "AQW_LOOP"),
+    ],
+    ids=["option", "env"],
+)
+def test_an_unknown_loop_is_one_line(
+    project: Path, argv: list[str], env: dict[str, str], named: str
+) -> None:
+    line = one_line_error(aqw(project, "worker", "jobs:app", "--burst", *argv, env=env), 2)
+    assert named in line and "trio" in line
+
+
+@pytest.mark.parametrize(
+    ("argv", "env"),
+    [
+        (["--loop", "uvloop"], {}),
+        ([], {"AQW_LOOP": "uvloop"}),
+        (["--loop", "uvloop", "--processes", "2"], {}),
+    ],
+    ids=["option", "env", "processes"],
+)
+def test_uvloop_without_the_extra_is_one_line_naming_it(
+    project: Path, argv: list[str], env: dict[str, str]
+) -> None:
+    # A module of that name first on the path that fails to import, as a missing one does.
+    (project / "uvloop.py").write_text("raise ImportError(\"No module named 'uvloop'\")\n")
+    line = one_line_error(aqw(project, "worker", "jobs:app", "--burst", *argv, env=env), 2)
+    assert "aqw[uvloop]" in line, line

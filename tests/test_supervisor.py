@@ -295,6 +295,7 @@ def test_worker_argv_drops_processes_and_keeps_the_rest() -> None:
         prefetch=0,
         grace=12.5,
         priority_share=0.0,
+        loop="uvloop",
         burst=True,
         processes=4,
     )
@@ -313,5 +314,7 @@ def test_worker_argv_drops_processes_and_keeps_the_rest() -> None:
         "12.5",
         "--priority-share",
         "0.0",
+        "--loop",
+        "uvloop",
         "--burst",
     ]

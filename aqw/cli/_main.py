@@ -93,7 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "worker" and worker_cli.processes(args) > 1:
             # Outside asyncio.run: the supervisor owns the signals of its children.
             return worker_cli.run_processes(args)
-        return asyncio.run(COMMANDS[args.command](args))
+        run = worker_cli.loop_runner(args) if args.command == "worker" else asyncio.run
+        return run(COMMANDS[args.command](args))
     except KeyboardInterrupt:
         return 130
     except Exception as exc:

@@ -91,6 +91,7 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
         "prefetch",
         "grace",
         "priority_share",
+        "loop",
     ):
         value = getattr(args, option, None)
         if value is not None:
