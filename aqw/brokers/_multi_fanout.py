@@ -14,14 +14,19 @@ from .base import Broker, QueueDepth
 
 class FanOut:
     """The fan-out half of ``MultiBroker``: it provides ``names``, ``brokers`` (queue name ->
-    broker) and ``queue_brokers`` (each distinct broker once, the home first when asked)."""
+    broker) and ``home`` (the broker of producing, leases and the DLQ calls)."""
 
     names: tuple[str, ...]
     brokers: dict[str, Broker]
+    home: Broker
 
     def queue_brokers(self, *, home: bool = False) -> list[Broker]:
         """The queues' brokers, each once (``home``: the home broker first)."""
-        raise NotImplementedError
+        out: list[Broker] = [self.home] if home else []
+        for broker in self.brokers.values():
+            if all(broker is not b for b in out):
+                out.append(broker)
+        return out
 
     async def give_back_unstarted(self, running: set[str]) -> int:
         return sum([await b.give_back_unstarted(running) for b in self.queue_brokers()])

@@ -96,14 +96,6 @@ class MultiBroker(FanOut, Broker):
         """The broker of the queue ``delivery`` came from."""
         return self.brokers.get(queue_of(delivery), self.brokers[self.names[0]])
 
-    def queue_brokers(self, *, home: bool = False) -> list[Broker]:
-        """The queues' brokers, each once (``home``: the home broker first)."""
-        out: list[Broker] = [self.home] if home else []
-        for broker in self.brokers.values():
-            if all(broker is not b for b in out):
-                out.append(broker)
-        return out
-
     # -- lifecycle -------------------------------------------------------------------------
 
     async def connect(self) -> None:
