@@ -237,3 +237,11 @@ def setup_logging(level: str, *, fmt: str | None = None) -> None:
         configure_logging(level, fmt)
     except ValueError as exc:
         raise CliError(str(exc)) from None
+
+
+def error_line(message: str) -> None:
+    """Write ``aqw: error: message`` to stderr in one write: the workers of ``--processes``
+    share their supervisor's stderr, and ``print``'s text and newline, written apart, can
+    interleave with another process's line."""
+    sys.stderr.write(f"aqw: error: {message}\n")
+    sys.stderr.flush()

@@ -20,7 +20,15 @@ from ..app import App
 from ..errors import UnknownJob
 from ..record import JobInfo
 from ..status import render_job
-from ._common import CliError, add_log_options, add_target, number, resolve_app, take_app
+from ._common import (
+    CliError,
+    add_log_options,
+    add_target,
+    error_line,
+    number,
+    resolve_app,
+    take_app,
+)
 
 #: Exit status of ``aqw job wait`` by the job's final state (succeeded: 0).
 EXIT_BY_STATE = {"succeeded": 0, "failed": 3, "dead": 3, "cancelled": 4, "expired": 5}
@@ -118,7 +126,7 @@ async def wait(app: App, job_id: str, timeout: float | None, *, as_json: bool) -
         now = await app.job(job_id)
         state = f" (it is {now.state})" if now is not None else ""
         said = f"job {printable(job_id)} has not ended after {timeout:g}s{state}"
-        print(f"aqw: error: {said}", file=sys.stderr)
+        error_line(said)
         return EXIT_TIMEOUT
     if as_json:
         print(record_json(info))

@@ -35,6 +35,7 @@ from ._common import (
     Parser,
     add_log_options,
     app_argument,
+    error_line,
     log_options,
     setup_logging,
 )
@@ -132,11 +133,11 @@ def report(exc: Exception) -> int | None:
     elif isinstance(exc, AqwError):
         status = EXIT_FAILED
     elif isinstance(exc, (ConnectionError, OSError, *CLIENT_ERRORS)):
-        print(f"aqw: error: cannot reach the broker: {printable(exc)}", file=sys.stderr)
+        error_line(f"cannot reach the broker: {printable(exc)}")
         return EXIT_FAILED
     else:
         return None
-    print(f"aqw: error: {printable(exc)}", file=sys.stderr)
+    error_line(printable(exc))
     return status
 
 
