@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import json
 import os
-import resource
 import signal
 import statistics
 import subprocess
@@ -39,6 +38,10 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+# The CPU meters of the results benchmark, its sibling (this file's folder is on sys.path,
+# whether run by hand or as its own child).
+from results_bench import cpu_seconds, redis_cpu
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -50,16 +53,6 @@ GOAL = 0.80
 
 
 # -- the child: one trial in a fresh interpreter -----------------------------------------------
-
-
-def cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-async def redis_cpu(client: Any) -> float:
-    info = await client.info("cpu")
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 async def child_drain(spec: dict[str, Any]) -> dict[str, Any]:
