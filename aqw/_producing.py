@@ -9,10 +9,11 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from ._arguments import check_sizes, debounce_headers, enqueue_times, priority_of
-from .brokers import Broker
+from .brokers import Broker, PartitionedBroker
+from .brokers._partitions import route_key
 from .errors import ConfigError
 from .job import Job
-from .task import Enqueued, Task
+from .task import GROUP_HEADER, Enqueued, Task
 from .telemetry import Telemetry
 
 
@@ -74,6 +75,8 @@ async def enqueue_jobs(
         )
         for b, h in zip(bodies, target.job_headers(payloads, bodies, heads), strict=True)
     ]
+    if isinstance(broker, PartitionedBroker):
+        jobs = placed(broker, target, payloads, bodies, jobs)
     with app.telemetry_for(queue).publish(jobs):  # measured with the headers it adds
         check_sizes(target.name, target.options.max_payload_bytes, jobs)
         if key is not None:
@@ -105,7 +108,28 @@ async def _enqueue_plain(
     jobs = [
         Job(task=target.name, payload=bodies[0], headers=heads[0], priority=target.options.priority)
     ]
+    if isinstance(broker, PartitionedBroker):
+        jobs = placed(broker, target, payloads, bodies, jobs)
     with app.telemetry_for(queue).publish(jobs):
         check_sizes(target.name, target.options.max_payload_bytes, jobs)
         await broker.publish(jobs)
     return Enqueued(jobs[0].id)
+
+
+def placed(
+    broker: PartitionedBroker,
+    target: Task[Any],
+    payloads: Sequence[Any],
+    bodies: Sequence[Any],
+    jobs: list[Job],
+) -> list[Job]:
+    """``jobs`` with ids naming their partition: the one of each job's route (its task's
+    rate or cap key of the payload, its key, its group), else the next in turn."""
+    flow, model = target.options.flow, target.codec.model
+    keyed = flow.rate_key is not None or flow.concurrency_key is not None
+    out = []
+    for p, b, job in zip(payloads, bodies, jobs, strict=True):
+        payload = (p if model and isinstance(p, model) else target.codec.load(b)) if keyed else p
+        route = route_key(target.name, flow, payload, job.key, job.headers.get(GROUP_HEADER))
+        out.append(job.model_copy(update={"id": broker.job_id_for(route)}))
+    return out

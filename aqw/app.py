@@ -14,7 +14,8 @@ from ._producing import enqueue_jobs
 from ._queue_telemetry import QueueTelemetry
 from ._redis.keys import validate_queue_name
 from ._registration import TaskSettings, task_options
-from .brokers import Broker, broker_for_queue, from_url
+from .brokers import Broker, broker_for_queue, from_url, with_partitions
+from .brokers._partitions import check_partitions
 from .brokers.multi import check_queue
 from .cache import Cache
 from .dlq import DeadLetters
@@ -69,6 +70,10 @@ class App:
             and every message as one capped line. False keeps the raw ``str(error)``.
         keep_for: seconds a finished job's record (``app.job``) and its result live,
             default one day; a task's own ``keep_for`` overrides it.
+        partitions: spread the queue over this many Redis streams, each in a hash slot of
+            its own, so a Redis Cluster shares one queue's work among its masters
+            (``aqw.brokers.PartitionedBroker``; a URL's ``&partitions=P`` says the same).
+            A job with a key stays in one partition. None: as the broker says (1).
     """
 
     def __init__(
@@ -89,6 +94,7 @@ class App:
         max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD_BYTES,
         redact_errors: bool = True,
         keep_for: float = DEFAULT_KEEP_FOR,
+        partitions: int | None = None,
     ) -> None:
         validate_queue_name(queue)
         check_app_options(
@@ -100,8 +106,9 @@ class App:
             max_deliveries=max_deliveries,
             idempotency_ttl=idempotency_ttl,
         )
+        self.partitions = None if partitions is None else check_partitions(partitions)
         self.broker_url = broker if isinstance(broker, str) else None
-        self.broker: Broker = from_url(broker, queue) if isinstance(broker, str) else broker
+        self.broker: Broker = self._broker_of(broker, queue)
         self.queue = self.broker.queue
         self.retry = retry or RetryPolicy()
         self.lease_ttl = lease_ttl
@@ -125,15 +132,18 @@ class App:
     def use_broker(self, broker: str | Broker, queue: str | None = None) -> None:
         """Point this app at another broker (a URL or a ``Broker``) and, optionally, another
         queue, before any worker runs: what ``aqw --broker/--queue`` does to an app module."""
-        if isinstance(broker, str):
-            self.broker_url = broker
-            self.broker = from_url(broker, queue or self.queue)
-        else:
-            self.broker_url = None
-            self.broker = broker
+        self.broker_url = broker if isinstance(broker, str) else None
+        self.broker = self._broker_of(broker, queue or self.queue)
         self.queue = self.broker.queue
         self._telemetry.reset()
         self._brokers = {}
+
+    def _broker_of(self, broker: str | Broker, queue: str) -> Broker:
+        """The broker a URL names (``queue`` unless it names one) or the one given, spread
+        over ``self.partitions`` when set."""
+        if isinstance(broker, str):
+            return from_url(broker, queue, partitions=self.partitions)
+        return with_partitions(broker, self.partitions)
 
     def __repr__(self) -> str:
         broker = type(self.broker).__name__

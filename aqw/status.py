@@ -32,6 +32,7 @@ from ._damage import shown, split_heartbeats, to_float, to_int
 from ._redis.lease import RedisLeaseBackend
 from ._text import printable
 from .brokers.base import Broker
+from .brokers.partitioned import PartitionedBroker
 from .brokers.redis import RedisBroker
 from .monitor import format_age as _age
 from .monitor import is_monitor_heartbeat
@@ -92,7 +93,10 @@ async def gather_status(app_or_broker: App | Broker) -> dict[str, Any]:
 
 async def _redis_problems(broker: Broker) -> list[str]:
     """Damage in a Redis queue's own keys: a fencing counter that would make every job lease
-    fail (``aqw.errors.FenceCorrupted``), and stats fields that are not integers."""
+    fail (``aqw.errors.FenceCorrupted``), and stats fields that are not integers (in each
+    partition of a partitioned queue)."""
+    if isinstance(broker, PartitionedBroker):
+        return [problem for part in broker.parts for problem in await _redis_problems(part)]
     if not isinstance(broker, RedisBroker):
         return []
     out: list[str] = []

@@ -29,6 +29,7 @@ from redis.asyncio import Redis
 
 import aqw
 from aqw.brokers.memory import MemoryBroker, reset_memory_queues
+from aqw.brokers.partitioned import PartitionedBroker
 from aqw.brokers.redis import RedisBroker
 from tests._helpers import (
     REDIS_URL,
@@ -39,6 +40,8 @@ from tests._helpers import (
 )
 
 BACKENDS = ["memory", "fakeredis", pytest.param("redis", marks=pytest.mark.redis)]
+#: Partitions of a ``<kind>-partitioned`` backend's queue.
+PARTITIONS = 3
 REDIS_BACKENDS = ["fakeredis", pytest.param("redis", marks=pytest.mark.redis)]
 
 
@@ -51,8 +54,9 @@ def delete_queue_keys(queues: list[str]) -> None:
         return
     client = redis.Redis.from_url(REDIS_URL, socket_timeout=5)
     try:
-        for queue in queues:
+        for queue in queues:  # the queue's keys, and its partitions' (``aqw:{q:i}:*``)
             batch = list(client.scan_iter(match=f"aqw:{{{queue}}}:*", count=1000))
+            batch += client.scan_iter(match=f"aqw:{{{queue}:*}}:*", count=1000)
             for i in range(0, len(batch), 500):
                 client.delete(*batch[i : i + 500])
     finally:
@@ -111,9 +115,12 @@ class Backend:
     def __init__(self, kind: str, queue: str) -> None:
         self.kind = kind
         self.queue = queue
+        #: ``<kind>-partitioned``: the queue spread over ``PARTITIONS`` streams.
+        self.partitioned = kind.endswith("-partitioned")
+        self.store = kind.removesuffix("-partitioned")  # memory, fakeredis or redis
         self.apps: list[aqw.App] = []
         self._clients: list[Redis] = []
-        self._server = fakeredis.FakeServer() if kind == "fakeredis" else None
+        self._server = fakeredis.FakeServer() if self.store == "fakeredis" else None
         self.raw: Redis | None = None
         if kind != "memory":
             self.raw = self.client()
@@ -125,9 +132,9 @@ class Backend:
     def client(self) -> Redis:
         """A new async client on this backend's data (closed at teardown)."""
         client: Redis
-        if self.kind == "fakeredis":
+        if self.store == "fakeredis":
             client = fakeredis.FakeAsyncRedis(server=self._server)
-        elif self.kind == "redis":
+        elif self.store == "redis":
             client = Redis.from_url(REDIS_URL)
         else:
             raise RuntimeError("the memory backend has no Redis client")
@@ -136,6 +143,9 @@ class Backend:
 
     def broker(self, queue: str | None = None) -> aqw.Broker:
         queue = queue or self.queue
+        if self.partitioned:
+            where: Redis | str = self.client() if self.store == "fakeredis" else REDIS_URL
+            return PartitionedBroker(where, queue, PARTITIONS)
         if self.kind == "memory":
             return MemoryBroker(queue)
         if self.kind == "fakeredis":
@@ -157,7 +167,7 @@ class Backend:
 @contextlib.asynccontextmanager
 async def open_backend(kind: str, queue: str) -> AsyncIterator[Backend]:
     """A ``Backend`` of ``kind`` on ``queue``, its apps and clients closed afterwards."""
-    if kind == "redis":
+    if kind.startswith("redis"):
         require_real_redis()
     b = Backend(kind, queue)
     try:

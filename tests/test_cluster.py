@@ -635,6 +635,59 @@ async def test_status_dlq_and_heartbeats_on_a_cluster(
         assert await app.dlq.count() == 0
 
 
+# -- a partitioned queue: one queue's work over every master --------------------------------------
+
+PARTITIONS = 6
+#: Commands of the cluster's own upkeep and of the test's looking, not of the queue's work.
+_UPKEEP = {"info", "cluster", "ping", "monitor", "client", "hello", "command", "readonly"}
+
+
+def _work_calls(cluster: Cluster, port: int) -> int:
+    """Commands master ``port`` has run, besides upkeep (``INFO commandstats``)."""
+    with contextlib.closing(cluster.node(port)) as node:
+        stats: Any = node.info("commandstats")
+    return sum(
+        int(v["calls"])
+        for k, v in stats.items()
+        if k.startswith("cmdstat_") and k[8:].split("|")[0] not in _UPKEEP
+    )
+
+
+async def test_a_partitioned_queue_spreads_its_work_over_the_masters(
+    cluster: Cluster, slot_watch: SlotWatch
+) -> None:
+    masters = sorted(cluster.masters())
+    while True:  # a queue whose partitions lie two on each master
+        queue = f"t-{uuid.uuid4().hex[:8]}"
+        homes = [cluster.master_of(f"aqw:{{{queue}:{i}}}:stream") for i in range(PARTITIONS)]
+        if all(homes.count(port) == PARTITIONS // len(masters) for port in masters):
+            break
+    before = {port: _work_calls(cluster, port) for port in masters}
+    ran: list[int] = []
+    async with cluster_app(cluster, queue, partitions=PARTITIONS, keep_for=60) as app:
+        assert app.broker.describe().endswith(f"partitions={PARTITIONS}")
+
+        @app.task(keep_result=True)
+        async def double(n: int) -> int:
+            ran.append(n)
+            return 2 * n
+
+        ids = list(await double.enqueue_many(list(range(600))))
+        keyed = [await double.enqueue(1000 + i, key=f"k{i}") for i in range(60)]
+        async with app.worker(concurrency=32):
+            assert await app.result(keyed[5], timeout=30) == 2010
+            await eventually(lambda: len(ran) == 660, 60, "every job to run")
+        assert sorted(ran) == [*range(600), *range(1000, 1060)], "each job once"
+        depth = await app.broker.depth()
+        assert (depth.waiting, depth.in_flight, depth.delayed, depth.dead) == (0, 0, 0, 0)
+        info = await app.job(ids[-1])
+        assert info is not None and info.state == "succeeded"
+    calls = {port: _work_calls(cluster, port) - before[port] for port in masters}
+    most, least = max(calls.values()), min(calls.values())
+    print(f"\npartitioned queue: commands per master {calls}")
+    assert (most - least) / most <= 0.2, f"commands per master not within 20%: {calls}"
+
+
 # -- a master killed mid-run ---------------------------------------------------------------------
 
 JOBS = 300

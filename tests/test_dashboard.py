@@ -28,7 +28,7 @@ from aqw.brokers.redis import RedisBroker
 from aqw.dashboard import create_app
 from aqw.dashboard._queries import PAGE
 from tests._helpers import REDIS_URL, eventually, free_port, running
-from tests.conftest import Backend, PrivateRedis
+from tests.conftest import BACKENDS, Backend, PrivateRedis, open_backend
 
 SCRIPT = "<script>window.__xss = 1</script>"
 TRACE = "0af7651916cd43dd8448eb211c80319c"
@@ -109,13 +109,22 @@ async def scene(backend: Backend, **options: Any) -> AsyncIterator[Scene]:
 
 
 def entry_ids(html: str) -> list[str]:
-    return sorted(set(re.findall(r'name="ids" value="([0-9]+-[0-9]+)"', html)))
+    return sorted(set(re.findall(r'name="ids" value="([0-9]+-[0-9]+(?:~p[0-9]+)?)"', html)))
+
+
+@pytest.fixture(params=[*BACKENDS, pytest.param("redis-partitioned", marks=pytest.mark.redis)])
+async def any_backend(request: pytest.FixtureRequest, queue_name: str) -> AsyncIterator[Backend]:
+    """The backends, and a queue over 3 partitions on the real Redis (its ids and DLQ entry
+    ids name their partition: ``~p<N>``)."""
+    async with open_backend(request.param, queue_name) as b:
+        yield b
 
 
 # -- pages -------------------------------------------------------------------------------------
 
 
-async def test_every_page_shows_the_queue(backend: Backend) -> None:
+async def test_every_page_shows_the_queue(any_backend: Backend) -> None:
+    backend = any_backend
     async with (
         scene(backend) as s,
         client(create_app(s.app, trace_url="https://t/{trace_id}")) as c,
@@ -163,14 +172,14 @@ async def test_every_page_shows_the_queue(backend: Backend) -> None:
 
         health = await c.get("/redis")
         assert health.status_code == 200
-        if backend.kind == "redis":
+        if backend.store == "redis":
             assert "used memory" in health.text and "eviction-warning" not in health.text
         else:
             assert "not available" in health.text or "no Redis server" in health.text
 
 
-async def test_a_payload_with_a_script_tag_renders_as_text(backend: Backend) -> None:
-    async with scene(backend) as s, client(create_app(s.app)) as c:
+async def test_a_payload_with_a_script_tag_renders_as_text(any_backend: Backend) -> None:
+    async with scene(any_backend) as s, client(create_app(s.app)) as c:
         dlq = await c.get("/dlq")
         entry = await c.get(f"/dlq/entry/{entry_ids(dlq.text)[0]}")
         job = await c.get(f"/jobs/{s.dead_id}")

@@ -77,6 +77,7 @@ REDIS_ALLOWED = (
     "brokers/_redis_jobs.py",  # the Redis broker's job steps (scripts), split from redis.py
     "brokers/_redis_schedule.py",  # the Redis broker's schedule marks (periodic tasks)
     "brokers/_redis_views.py",  # the Redis broker's depth history and delayed page
+    "brokers/partitioned.py",  # one queue over several Redis streams
     "brokers/sqs/_keys_redis.py",  # SQS idempotency-key records in Redis (``records=``)
     "cache.py",
     "redlock.py",

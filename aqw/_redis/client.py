@@ -1,5 +1,5 @@
-"""Redis clients for aqw: bounded timeouts and retries, and broker URLs whose ``?queue=``
-option is taken off without losing the encoding of the others."""
+"""Redis clients for aqw: bounded timeouts and retries, and broker URLs whose aqw options
+(``?queue=``, ``?partitions=``) are taken off without losing the encoding of the others."""
 
 from __future__ import annotations
 
@@ -44,7 +44,13 @@ def make_client(url: str, **overrides: Any) -> Redis:
 
 
 def split_queue(url: str, default: str) -> tuple[str, str]:
-    """Take ``?queue=name`` off a redis URL: (url without it, queue name).
+    """Take ``?queue=name`` off a redis URL: (url without it, queue name)."""
+    plain, queue = split_option(url, "queue")
+    return plain, default if queue is None else queue
+
+
+def split_option(url: str, option: str) -> tuple[str, str | None]:
+    """Take ``?<option>=value`` off a redis URL: (url without it, its last value or None).
 
     The other query options are decoded and percent-encoded again, in their order (blank
     ones kept), so redis-py reads the values written: ``%2B``, ``%26`` and ``%20`` give
@@ -54,10 +60,10 @@ def split_queue(url: str, default: str) -> tuple[str, str]:
     head, hash_, fragment = url.partition("#")
     base, _, query = head.partition("?")
     pairs = parse_qsl(query.replace("+", "%2B"), keep_blank_values=True)
-    queues = [value for name, value in pairs if name == "queue"]
-    rest = urlencode([(k, v) for k, v in pairs if k != "queue"], safe="/", quote_via=quote)
+    values = [value for name, value in pairs if name == option]
+    rest = urlencode([(k, v) for k, v in pairs if k != option], safe="/", quote_via=quote)
     plain = base + ("?" + rest if rest else "") + hash_ + fragment
-    return plain, queues[-1] if queues else default
+    return plain, values[-1] if values else None
 
 
 class OnRedis(Protocol):

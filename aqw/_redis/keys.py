@@ -1,7 +1,9 @@
 """Every Redis key aqw writes is named here.
 
 All keys of one queue share the hash tag ``{queue}``, so each Lua script touches one slot
-and the same scripts run on Redis Cluster.
+and the same scripts run on Redis Cluster. Partition ``i`` of a partitioned queue
+(``aqw/brokers/partitioned.py``) has the tag ``{queue:i}`` instead: the same layout in a
+slot of its own.
 """
 
 from __future__ import annotations
@@ -16,13 +18,16 @@ GROUP = "aqw"
 
 @dataclass(frozen=True, slots=True)
 class QueueKeys:
-    """Key names of one queue."""
+    """Key names of one queue (of one of its partitions when ``partition`` is set)."""
 
     queue: str
+    partition: int | None = None
 
     @property
     def tag(self) -> str:
-        return f"{PREFIX}:{{{self.queue}}}"
+        if self.partition is None:
+            return f"{PREFIX}:{{{self.queue}}}"
+        return f"{PREFIX}:{{{self.queue}:{self.partition}}}"
 
     @property
     def stream(self) -> str:
@@ -133,8 +138,8 @@ class QueueKeys:
         return f"{self.tag}:worker:{name}"
 
     def pattern(self) -> str:
-        """A SCAN pattern matching every key of this queue."""
-        return f"{PREFIX}:{{{self.queue}}}:*"
+        """A SCAN pattern matching every key of this queue (of this partition)."""
+        return f"{self.tag}:*"
 
 
 def validate_queue_name(name: str) -> str:

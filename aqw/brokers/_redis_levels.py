@@ -136,7 +136,8 @@ class RedisLevels:
 
     async def fetch(self, consumer: str, count: int, block_ms: int, share: bool) -> list[Delivery]:
         """Up to ``count`` new deliveries from the active levels, highest first (from the
-        lowest waiting one first when ``share``), blocking on all of them when none waits.
+        lowest waiting one first when ``share``), blocking on all of them when none waits
+        (up to ``block_ms``; 0: not at all).
         The levels set is read in the same step: a level new to this worker is read from its
         next fetch on."""
         levels = self.active
@@ -158,6 +159,8 @@ class RedisLevels:
                 return held_by(out, consumer)
             if self.active != levels:  # a level new here: read it now, not after a block
                 return await self.fetch(consumer, count, block_ms, share)
+            if block_ms <= 0:  # asked not to wait
+                return out
             blocked: Any = await self.client.xreadgroup(
                 GROUP, consumer, dict.fromkeys(streams, ">"), count=count, block=block_ms
             )

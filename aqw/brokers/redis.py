@@ -57,6 +57,9 @@ class RedisBroker(RedisViews, RedisDebouncedPublish, Broker):
         queue: the queue name.
         dlq_limit: most entries the dead-letter stream keeps; older ones are trimmed and
             counted in ``stats()['dlq_trimmed']``.
+        partition: this broker is partition ``i`` of a partitioned queue: its keys carry
+            the tag ``{queue:i}`` (``PartitionedBroker`` builds these; None: the queue's
+            own ``{queue}``).
     """
 
     system = "redis"
@@ -71,12 +74,19 @@ class RedisBroker(RedisViews, RedisDebouncedPublish, Broker):
         *Broker.transient_errors,
     )
 
-    def __init__(self, client: Redis | str, queue: str = "default", *, dlq_limit: int = 100_000):
+    def __init__(
+        self,
+        client: Redis | str,
+        queue: str = "default",
+        *,
+        dlq_limit: int = 100_000,
+        partition: int | None = None,
+    ):
         super().__init__(queue)
         self.url = client if isinstance(client, str) else None
         self.client: Redis = make_client(client) if isinstance(client, str) else client
         self._owns_client = isinstance(client, str)
-        self.keys = QueueKeys(queue)
+        self.keys = QueueKeys(queue, partition)
         self.dlq_limit = dlq_limit
         self.batcher = CommandBatcher(self.client)
         self.status = RedisStatus(self.client, self.batcher, self.keys)
@@ -133,8 +143,8 @@ class RedisBroker(RedisViews, RedisDebouncedPublish, Broker):
 
     async def fetch(self, count: int, block: float) -> list[Delivery]:
         """Highest priority level first (a share from the lowest waiting one), reading the
-        levels in use in the same step (``RedisLevels.fetch``)."""
-        block_ms = max(1, int(min(block, MAX_BLOCK) * 1000))
+        levels in use in the same step (``RedisLevels.fetch``); ``block`` <= 0: no wait."""
+        block_ms = max(1, int(min(block, MAX_BLOCK) * 1000)) if block > 0 else 0
         share = len(self.levels.active) > 1 and self.share_fetch()
         self._read_as.add(self.consumer)
         return await self.levels.fetch(self.consumer, count, block_ms, share)

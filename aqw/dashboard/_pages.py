@@ -13,8 +13,9 @@ from . import _queries as q
 from ._core import Dashboard
 from ._svg import depth_chart
 
-#: A DLQ entry id as brokers make them (``<ms>-<seq>``).
-ENTRY_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+#: A DLQ entry id as brokers make them (``<ms>-<seq>``; ``<ms>-<seq>~p<N>`` on a
+#: partitioned queue).
+ENTRY_ID = re.compile(r"^\d{1,20}-\d{1,20}(?:~p\d{1,4})?$")
 #: The furthest offset the delayed list pages to.
 MAX_START = 10_000_000
 

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from .._damage import split_heartbeats, to_float, to_int
 from ..brokers import CancelOutcome
 from ..brokers.base import Broker, DeadJob
+from ..brokers.partitioned import PartitionedBroker
 from ..brokers.redis import RedisBroker
 from ..dlq import DeadLetters
 from ..job import Job
@@ -229,7 +230,7 @@ async def job_detail(app: DashboardApp, job_id: str) -> dict[str, Any]:
 async def redis_health(broker: Broker) -> dict[str, Any]:
     """Used, peak and max memory and the eviction policy (one ``INFO memory``); ``error``
     says why they are not known (not Redis, or a server without INFO)."""
-    if not isinstance(broker, RedisBroker):
+    if not isinstance(broker, RedisBroker | PartitionedBroker):
         return {"error": f"the {broker.system} broker has no Redis server"}
     try:
         info: Any = await broker.client.info("memory")

@@ -1,6 +1,7 @@
 """The broker contract (``aqw.brokers.base.Broker``), one set of tests run against every broker:
-the in-process ``MemoryBroker``, ``RedisBroker`` on fakeredis and on the real Redis, and
-``SQSBroker`` on moto (server mode, tests/brokers/conftest.py).
+the in-process ``MemoryBroker``, ``RedisBroker`` on fakeredis and on the real Redis,
+``SQSBroker`` on moto (server mode, tests/brokers/conftest.py), and ``PartitionedBroker`` (a
+queue over 3 partitions) on fakeredis and on the real Redis.
 
 Each test gets ``contract_broker``: a connected broker consuming a fresh queue as consumer
 ``c1``, and ``consumer()`` for more consumers of the same queue. Where a broker legitimately
@@ -35,6 +36,7 @@ from conftest import open_backend
 import aqw
 from aqw.brokers.base import Broker, Delivery, Failure, Finish
 from aqw.brokers.memory import MemoryBroker
+from aqw.brokers.partitioned import PartitionedBroker
 from aqw.brokers.redis import RedisBroker
 from aqw.lease import Lease
 from aqw.record import JobError, JobInfo
@@ -42,7 +44,14 @@ from tests._helpers import eventually
 
 pytestmark = pytest.mark.timeout(30)
 
-KINDS = ["memory", "fakeredis", pytest.param("redis", marks=pytest.mark.redis), "sqs"]
+KINDS = [
+    "memory",
+    "fakeredis",
+    pytest.param("redis", marks=pytest.mark.redis),
+    "sqs",
+    "fakeredis-partitioned",
+    pytest.param("redis-partitioned", marks=pytest.mark.redis),
+]
 
 #: How long an SQS count may take to settle (``Approximate...`` attributes).
 SQS_SETTLE = 5.0
@@ -1132,7 +1141,7 @@ async def test_transient_errors_include_connection_errors(contract_broker: Contr
     transient = kit.broker.transient_errors
     assert ConnectionError in transient
     assert issubclass(TimeoutError, transient) and issubclass(OSError, transient)
-    if isinstance(kit.broker, RedisBroker):
+    if isinstance(kit.broker, RedisBroker | PartitionedBroker):
         import redis.exceptions
 
         assert issubclass(redis.exceptions.ConnectionError, transient)

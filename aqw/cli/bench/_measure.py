@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 from ...brokers import Broker, from_url
 from ...brokers.memory import delete_memory_queue
+from ...brokers.partitioned import PartitionedBroker
 from ...brokers.redis import RedisBroker
 from ._worker import Children, InProcess, Result, target
 
@@ -45,7 +46,7 @@ class Point:
 
 async def _server_ops(broker: Broker) -> int | None:
     """Commands the Redis server has run so far (None when it cannot tell)."""
-    if not isinstance(broker, RedisBroker):
+    if not isinstance(broker, RedisBroker | PartitionedBroker):
         return None
     try:
         info: Any = await broker.client.info("commandstats")
@@ -59,7 +60,9 @@ async def _server_ops(broker: Broker) -> int | None:
 
 
 async def queue_keys(broker: Broker) -> list[Any]:
-    """The keys of ``broker``'s queue (Redis only; none elsewhere)."""
+    """The keys of ``broker``'s queue, of each partition's (Redis only; none elsewhere)."""
+    if isinstance(broker, PartitionedBroker):
+        return [key for part in broker.parts for key in await queue_keys(part)]
     if not isinstance(broker, RedisBroker):
         return []
     return [key async for key in broker.client.scan_iter(match=broker.keys.pattern(), count=1000)]
@@ -73,7 +76,7 @@ async def delete_queue(url: str, queue: str) -> int:
     broker = from_url(url, queue)
     try:
         keys = await queue_keys(broker)
-        if isinstance(broker, RedisBroker):
+        if isinstance(broker, RedisBroker | PartitionedBroker):
             for i in range(0, len(keys), 500):
                 await broker.client.delete(*keys[i : i + 500])
         return len(keys)

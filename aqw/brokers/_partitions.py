@@ -1,0 +1,93 @@
+"""Where a job of a partitioned queue lives (``partitioned.py``), and how its id says so.
+
+A job with a *route* (a string naming what must stay together: its task when the task has a
+task-wide rate limit, else its per-key cap's key, its rate key, its idempotency or debounce
+key, its message group) goes to the partition the route hashes to, so every job of one key
+meets the same idempotency records, completion records, debounce record and per-key limits.
+A job without one goes to the next partition in turn.
+
+The partition is written into the job's id (``<id>~p<N>``) and into the ids of its DLQ
+entries, so a lookup by id (status, result, cancel, replay) reads one partition, not all.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from typing import Any
+
+from ..errors import ConfigError
+from ._flow import FlowControl, key_text
+
+#: Between an id and the partition it names.
+MARK = "~p"
+#: Most partitions of one queue.
+MAX_PARTITIONS = 1024
+
+
+def check_partitions(value: object) -> int:
+    """``partitions=`` when it is an integer from 1 to ``MAX_PARTITIONS``, else a
+    ConfigError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PARTITIONS:
+        raise ConfigError(
+            f"partitions must be an integer from 1 to {MAX_PARTITIONS}, got {value!r}"
+        )
+    return value
+
+
+def route_key(
+    task: str, flow: FlowControl, payload: Any, key: str | None, group: str | None
+) -> str | None:
+    """The route of a job of ``task`` with the validated ``payload`` (what its key
+    functions see), idempotency or debounce ``key`` and message ``group``; None: any
+    partition.
+
+    A task-wide rate limit keeps the whole task in one partition (its one GCRA bucket); a
+    per-key cap wins over a rate key (a task with both should give them the same key, or
+    its rate holds per partition) and both over an idempotency key (which should then
+    name the same thing: the same key always with the same cap key)."""
+    if flow.rate is not None and flow.rate_key is None:
+        return f"task:{task}"
+    if flow.concurrency_key is not None and flow.max_per_key is not None:
+        return f"cap:{task}:{key_text(flow.concurrency_key(payload))}"
+    if flow.rate_key is not None:
+        return f"rate:{task}:{key_text(flow.rate_key(payload))}"
+    if key is not None:
+        return f"key:{key}"
+    if group is not None:
+        return f"group:{group}"
+    return None
+
+
+def partition_of_route(route: str, partitions: int) -> int:
+    """The partition ``route`` hashes to (CRC-32: the same in every process)."""
+    return zlib.crc32(route.encode()) % partitions
+
+
+def named(name: str, partition: int) -> str:
+    """``name`` (a job id, a DLQ entry id) marked as partition ``partition``'s."""
+    return f"{name}{MARK}{partition}"
+
+
+def split_name(name: str, partitions: int) -> tuple[str, int | None]:
+    """(``name`` without its partition mark, the partition it names), or (``name``, None)
+    when it carries no valid mark."""
+    base, mark, number = name.rpartition(MARK)
+    if not mark or not number.isdigit() or len(number) > 4:
+        return name, None
+    partition = int(number)
+    return (base, partition) if partition < partitions else (name, None)
+
+
+class Turns:
+    """The next partition for a job without a route: each in turn, from a random one (many
+    producers that each enqueue a few jobs do not all start at partition 0)."""
+
+    def __init__(self, partitions: int) -> None:
+        self.partitions = partitions
+        self._next = int.from_bytes(os.urandom(2), "big") % partitions
+
+    def take(self) -> int:
+        partition = self._next
+        self._next = (partition + 1) % self.partitions
+        return partition
