@@ -424,3 +424,32 @@ async def test_sqs_queues_in_strict_order(monkeypatch: pytest.MonkeyPatch) -> No
             assert ran == ["mq-b", "mq-b", "mq-a", "mq-a"]
         finally:
             await app.close()
+
+
+# -- waiting ----------------------------------------------------------------------------------
+
+
+async def test_an_idle_worker_wakes_at_once_for_a_job_in_any_queue(
+    redis_backend: Backend, queue_names: Callable[[], str]
+) -> None:
+    """Redis queues on one server: one blocking read over all of them, so a job in the last
+    of five queues starts at once (waiting on each in turn for 50 ms would take ~100 ms)."""
+    app = redis_backend.app()
+    names = [redis_backend.queue, *(queue_names() for _ in range(4))]
+    started: dict[int, float] = {}
+
+    @app.task(queue=names[-1])
+    async def last(n: int) -> None:
+        started[n] = asyncio.get_running_loop().time()
+
+    waits = []
+    async with app.worker(queues=names, concurrency=2):
+        await asyncio.sleep(0.3)  # idle, in its blocking read
+        for n in range(7):
+            sent = asyncio.get_running_loop().time()
+            await last.enqueue(n)
+            await eventually(lambda n=n: n in started, 10, "the job to start")
+            waits.append(started[n] - sent)
+            await asyncio.sleep(0.05)  # back in the read
+    waits.sort()
+    assert waits[len(waits) // 2] < 0.04, waits

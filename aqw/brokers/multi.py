@@ -4,8 +4,10 @@ Each queue keeps its own broker (stream or SQS queue, leases, delayed set, DLQ, 
 records). A fetch is filled from them in strict order (an earlier queue's waiting job is
 always taken first) or by weight (smooth weighted round robin over the slots asked for; an
 idle queue's share goes to the others) without waiting; only when all are empty does it
-wait, each queue in turn for a short slice (never several blocking reads at once: a
-cancelled blocking read can be swallowed, or leave entries it took with this consumer).
+wait: Redis queues on one server in one blocking read over all of their streams
+(``_redis_wait.py``), others each queue in turn for a short slice (never several blocking
+reads at once: a cancelled blocking read can be swallowed, or leave entries it took with
+this consumer).
 
 Each delivery remembers its queue (``queue_of``): its settle steps, keep-alive and hand-back
 go to that queue's broker. Calls without a delivery fan out (due jobs, recovery, depth,
@@ -27,9 +29,11 @@ from ..record import DEFAULT_KEEP_FOR
 from ._flow import Limits
 from ._multi_fanout import FanOut
 from ._queue_plan import QueuePlan, check_queue, queue_plan, sqs_url_for
+from ._redis_wait import can_wait_together, wait_together
 from ._schedule_marks import ScheduleMark
 from ._views import DelayedJob, DepthSample
 from .base import Broker, DeadJob, Delivery, Failure, Finish
+from .redis import RedisBroker
 
 __all__ = [
     "QUEUE_ATTRIBUTE",
@@ -197,7 +201,14 @@ class MultiBroker(FanOut, Broker):
         return out
 
     async def _wait(self, count: int, block: float) -> list[Delivery]:
-        """Each queue in turn waits a short slice, until one delivers or ``block`` passes."""
+        """One blocking read over every queue's streams when they are Redis queues on one
+        server (``_redis_wait.py``); else each queue in turn waits a short slice, until one
+        delivers or ``block`` passes."""
+        queues = [self.brokers[name] for name in self.names]
+        if can_wait_together(queues):
+            redis_queues = [q for q in queues if isinstance(q, RedisBroker)]
+            woken = await wait_together(redis_queues, self.consumer, count, block)
+            return [_tagged(self.names[i], [delivery])[0] for i, delivery in woken]
         deadline = time.monotonic() + block
         while True:
             started = time.monotonic()
