@@ -435,6 +435,20 @@ async def test_a_depth_sample_counts_every_priority_level(backend: Backend) -> N
     await broker.close()
 
 
+async def test_the_delayed_page_merges_every_priority_level(backend: Backend) -> None:
+    broker = backend.broker()
+    await broker.connect()
+    now = time.time()
+    jobs = [aqw.Job(task="t", payload=i, priority=p) for i, p in enumerate((0, 5, 9, 0, 5))]
+    for i, job in enumerate(jobs):
+        await broker.schedule([job], now + 600 - 60 * i)  # the last one due first
+    page = await broker.delayed_page(0, 3)
+    assert [aqw.Job.decode(d.data).id for d in page] == [j.id for j in jobs[::-1][:3]]
+    rest = await broker.delayed_page(3, 50)
+    assert [aqw.Job.decode(d.data).id for d in rest] == [j.id for j in jobs[1::-1]]
+    await broker.close()
+
+
 async def test_workers_write_depth_samples_with_their_heartbeat(backend: Backend) -> None:
     app = backend.app()
 

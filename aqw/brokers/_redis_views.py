@@ -51,7 +51,26 @@ class RedisViews(BrokerViews):
         return [s for s in (DepthSample.decode(text(m)) for m in raw) if s is not None]
 
     async def delayed_page(self, start: int, count: int) -> list[DelayedJob]:
-        raw: Any = await self.client.zrange(
-            self.keys.delayed, start, start + count - 1, withscores=True
-        )
-        return [DelayedJob(float(due), m if isinstance(m, bytes) else m.encode()) for m, due in raw]
+        """Over every priority level in use: each level's first ``start + count``, merged by
+        due time. One round trip (the levels set and level 0), and one more when other
+        levels are in use."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.smembers(self.keys.levels)
+        pipe.zrange(self.keys.delayed, 0, start + count - 1, withscores=True)
+        members, first = await pipe.execute(raise_on_error=False)
+        self.levels.saw([] if isinstance(members, Exception) else members)
+        if isinstance(first, Exception):
+            raise first
+        pages: list[Any] = [first]
+        higher = [level for level in self.levels.active if level]
+        if higher:
+            pipe = self.client.pipeline(transaction=False)
+            for level in higher:
+                pipe.zrange(self.keys.delayed_for(level), 0, start + count - 1, withscores=True)
+            pages += await pipe.execute()
+        jobs = [
+            DelayedJob(float(due), m if isinstance(m, bytes) else m.encode())
+            for page in pages
+            for m, due in page
+        ]
+        return sorted(jobs, key=lambda j: j.due)[start : start + count]
