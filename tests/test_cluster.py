@@ -255,24 +255,27 @@ class SlotWatch:
     """MONITOR on every master: each script run and the commands it ran inside."""
 
     def __init__(self, ports: list[int]) -> None:
-        self.lines: list[bytes] = []
+        #: Each master's lines apart: a script's commands follow its EVALSHA on its own
+        #: master only (several masters run scripts at once).
+        self.lines: list[list[bytes]] = []
         self._socks = []
         self._threads = []
         for port in ports:
             sock = socket.create_connection(("127.0.0.1", port))
             sock.sendall(b"MONITOR\r\n")
             self._socks.append(sock)
-            thread = threading.Thread(target=self._read, args=(sock,), daemon=True)
+            self.lines.append([])
+            thread = threading.Thread(target=self._read, args=(sock, self.lines[-1]), daemon=True)
             thread.start()
             self._threads.append(thread)
 
-    def _read(self, sock: socket.socket) -> None:
+    def _read(self, sock: socket.socket, into: list[bytes]) -> None:
         buffer = b""
         with contextlib.suppress(OSError):
             while chunk := sock.recv(1 << 16):
                 buffer += chunk
                 *lines, buffer = buffer.split(b"\r\n")
-                self.lines.extend(lines)
+                into.extend(lines)
 
     def close(self) -> None:
         for sock in self._socks:
@@ -288,29 +291,30 @@ class SlotWatch:
         runs per script (by the first line of its source)."""
         names = {scripts.load(p.stem).sha.encode(): p.stem for p in LUA.glob("*.lua")}
         runs: dict[str, int] = {}
-        slot: int | None = None
-        current = ""
-        for line in self.lines:
-            if b"[" not in line:
-                continue
-            args = [_unescape(a) for a in _ARG.findall(line)]
-            if not args:
-                continue
-            if b" lua] " not in line:
-                slot = None
-                if args[0].upper() in (b"EVALSHA", b"EVAL"):
-                    current = names.get(args[1], args[1][:12].decode())
-                    declared = args[3 : 3 + int(args[2])]
-                    assert declared, f"{current} declares no key: {line[:200]!r}"
-                    slot = hash_slot(declared[0].decode())
-                    assert {hash_slot(k.decode()) for k in declared} == {slot}, line[:300]
-                    runs[current] = runs.get(current, 0) + 1
-                continue
-            assert slot is not None, f"a script command with no script: {line[:200]!r}"
-            for key in _keys_of(args):
-                assert hash_slot(key.decode("latin-1")) == slot, (
-                    f"{current} touched {key!r} outside the slot {slot} of its keys"
-                )
+        for lines in self.lines:
+            slot: int | None = None
+            current = ""
+            for line in lines:
+                if b"[" not in line:
+                    continue
+                args = [_unescape(a) for a in _ARG.findall(line)]
+                if not args:
+                    continue
+                if b" lua] " not in line:
+                    slot = None
+                    if args[0].upper() in (b"EVALSHA", b"EVAL"):
+                        current = names.get(args[1], args[1][:12].decode())
+                        declared = args[3 : 3 + int(args[2])]
+                        assert declared, f"{current} declares no key: {line[:200]!r}"
+                        slot = hash_slot(declared[0].decode())
+                        assert {hash_slot(k.decode()) for k in declared} == {slot}, line[:300]
+                        runs[current] = runs.get(current, 0) + 1
+                    continue
+                assert slot is not None, f"a script command with no script: {line[:200]!r}"
+                for key in _keys_of(args):
+                    assert hash_slot(key.decode("latin-1")) == slot, (
+                        f"{current} touched {key!r} outside the slot {slot} of its keys"
+                    )
         return runs
 
 
@@ -674,9 +678,14 @@ async def test_a_partitioned_queue_spreads_its_work_over_the_masters(
 
         ids = list(await double.enqueue_many(list(range(600))))
         keyed = [await double.enqueue(1000 + i, key=f"k{i}") for i in range(60)]
+        monitor = aqw.Monitor(app, interval=0.2)  # its lease key has the queue's own tag
+        watching = asyncio.create_task(monitor.run())
         async with app.worker(concurrency=32):
             assert await app.result(keyed[5], timeout=30) == 2010
             await eventually(lambda: len(ran) == 660, 60, "every job to run")
+            await eventually(lambda: monitor.evaluations >= 2, 20, "the monitor to evaluate")
+        monitor.stop()
+        await watching
         assert sorted(ran) == [*range(600), *range(1000, 1060)], "each job once"
         depth = await app.broker.depth()
         assert (depth.waiting, depth.in_flight, depth.delayed, depth.dead) == (0, 0, 0, 0)

@@ -142,6 +142,16 @@ class QueueKeys:
         return f"{self.tag}:*"
 
 
+def queue_fence_of(key: str) -> str:
+    """The fencing counter of a lease on ``key`` when the key belongs to a queue
+    (``aqw:{<tag>}:...``: its queue's or partition's ``aqw:{<tag>}:fence``, in its slot), else
+    ``{<key>}:fence`` (in the key's slot too)."""
+    head, brace, _ = key.partition("}")
+    if brace and head.startswith(f"{PREFIX}:{{"):
+        return f"{head}}}:fence"
+    return f"{{{key}}}:fence"
+
+
 def validate_queue_name(name: str) -> str:
     """Queue names become part of key names: keep them printable and brace-free."""
     if not name or len(name) > 200 or any(c in name for c in "{}\n\r\t ") or not name.isprintable():

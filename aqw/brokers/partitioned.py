@@ -27,6 +27,8 @@ from redis.asyncio import Redis
 
 from .._ids import new_job_id
 from .._redis.client import make_client
+from .._redis.keys import queue_fence_of
+from .._redis.lease import RedisLeaseBackend
 from ..job import Job
 from ..lease import Lease, LeaseBackend
 from ..record import DEFAULT_KEEP_FOR, JobInfo
@@ -92,6 +94,7 @@ class PartitionedBroker(Broker):
         )
         #: Partition 0: worker heartbeats, schedule marks, resource locks.
         self.home = self.parts[0]
+        self._leases = RedisLeaseBackend(self.home.batcher, fence_key=queue_fence_of)
         self._turns = Turns(self.partitions)
         self.reader = PartitionReader(self.parts, self._turns.take())
 
@@ -219,7 +222,9 @@ class PartitionedBroker(Broker):
         return min(waits) if waits else None
 
     def lease_backend(self) -> LeaseBackend:
-        return self.home.lease_backend()
+        """Leases on any key of the queue (resource locks, the scheduler's and the monitor's
+        ``aqw:{q}:monitor``), each counted by the fencing counter of its own tag's slot."""
+        return self._leases
 
     def job_lease_key(self, job: Job) -> str:
         return self.part_of(job).job_lease_key(job)
