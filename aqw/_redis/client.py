@@ -12,6 +12,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from .cluster import is_cluster_url, make_cluster_client
+from .connections import with_timed_writes
 
 #: The errors of the Redis client library: for code that reports them without importing it.
 CLIENT_ERRORS: tuple[type[Exception], ...] = (RedisError,)
@@ -40,7 +41,9 @@ def make_client(url: str, **overrides: Any) -> Redis:
     if is_cluster_url(url):
         client: Any = make_cluster_client(url, **options)
         return cast(Redis, client)
-    return Redis.from_url(url, **options)
+    plain = Redis.from_url(url, **options)
+    with_timed_writes(plain)  # the write bound without a task per command
+    return plain
 
 
 def split_queue(url: str, default: str) -> tuple[str, str]:

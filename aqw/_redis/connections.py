@@ -1,0 +1,83 @@
+"""Connections whose writes are bounded by ``asyncio.timeout`` rather than redis-py's
+``asyncio.wait_for``.
+
+redis-py bounds each command's write with ``asyncio.wait_for(send, socket_timeout)``, which
+on Python 3.11 runs the write as a task of its own: about 50 us of CPU per command here
+(a single awaited enqueue cost 175-185 us of producer CPU with it, 121-127 without), and a
+cancellation that lands as that task completes is swallowed. The same bound, as a timeout
+scope around redis-py's plain write, costs a timer. Reads keep redis-py's own bound (already
+a timeout scope).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import Any
+
+from redis.asyncio.connection import (
+    AbstractConnection,
+    Connection,
+    SSLConnection,
+    UnixDomainSocketConnection,
+)
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+
+async def _send(conn: Any, send: Any, command: Any, check_health: bool) -> None:
+    """``send(command, check_health)`` (redis-py's write) within ``conn.socket_timeout``,
+    with the connection's own bound off meanwhile, so it writes in this task."""
+    timeout = conn.socket_timeout
+    if not timeout:
+        await send(command, check_health)
+        return
+    conn.socket_timeout = None
+    try:
+        async with asyncio.timeout(timeout):
+            await send(command, check_health)
+    except TimeoutError:  # redis-py has closed the connection (it does on any BaseException)
+        raise RedisTimeoutError("Timeout writing to socket") from None
+    finally:
+        conn.socket_timeout = timeout
+
+
+class TimedConnection(Connection):
+    """A TCP connection (``redis://``) with its writes bounded by a timeout scope."""
+
+    async def send_packed_command(
+        self, command: bytes | str | Iterable[bytes], check_health: bool = True
+    ) -> None:
+        await _send(self, super().send_packed_command, command, check_health)
+
+
+class TimedSSLConnection(SSLConnection):
+    """A TLS connection (``rediss://``) with its writes bounded by a timeout scope."""
+
+    async def send_packed_command(
+        self, command: bytes | str | Iterable[bytes], check_health: bool = True
+    ) -> None:
+        await _send(self, super().send_packed_command, command, check_health)
+
+
+class TimedUnixConnection(UnixDomainSocketConnection):
+    """A Unix-socket connection (``unix://``) with its writes bounded by a timeout scope."""
+
+    async def send_packed_command(
+        self, command: bytes | str | Iterable[bytes], check_health: bool = True
+    ) -> None:
+        await _send(self, super().send_packed_command, command, check_health)
+
+
+#: redis-py's connection classes and ours.
+TIMED: dict[type[AbstractConnection], type[AbstractConnection]] = {
+    Connection: TimedConnection,
+    SSLConnection: TimedSSLConnection,
+    UnixDomainSocketConnection: TimedUnixConnection,
+}
+
+
+def with_timed_writes(client: Any) -> None:
+    """Make the connections ``client``'s pool opens from now on ``TIMED`` ones (a pool of
+    another connection class is left as it is)."""
+    pool = client.connection_pool
+    pool.connection_class = TIMED.get(pool.connection_class, pool.connection_class)
