@@ -29,7 +29,15 @@ tree, e.g. a worktree of an older commit:
     python benchmarks/telemetry_bench.py --before /tmp/aqw-tel-before [--repeat 3]
     git worktree remove /tmp/aqw-tel-before
 
-Bounded: every trial has a timeout; writes ``benchmarks/results/telemetry.json`` (``--out``).
+``--micro`` times only the telemetry calls a worker makes for a job (the ``process`` span,
+its stages, the counters and histogram values, then one collection and every span
+exported), in a loop without Redis or a worker: the per-job cost in microseconds, the
+fastest of ``--repeat`` rounds in one interpreter per (tree, variant), far less at the
+mercy of a busy machine than a drain. ``--batch N`` publishes the jobs N at a time, as
+``enqueue_many`` does (the jobs of a batch carry the same ``traceparent``).
+
+Bounded: every trial has a timeout; writes ``benchmarks/results/telemetry.json``
+(``--micro``: ``telemetry_micro.json``; ``--out``).
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ from typing import Any
 URL = "redis://127.0.0.1:6379/13"
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "telemetry.json"
+MICRO_RESULTS = HERE / "results" / "telemetry_micro.json"
 #: variant -> (sampling ratio or None: no tracer provider, metrics on)
 VARIANTS: dict[str, tuple[float | None, bool]] = {
     "off": (None, False),
@@ -151,6 +160,133 @@ async def main():
 asyncio.run(main())
 """
 
+MICRO = r"""
+import gc, json, sys, time
+import aqw
+from aqw.telemetry import Telemetry, now_ns
+from opentelemetry import metrics, trace
+
+jobs, rounds, batch, tree = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+ratio = None if sys.argv[5] == "none" else float(sys.argv[5])
+metering = sys.argv[6] == "1"
+if not aqw.__file__.startswith(tree):
+    raise SystemExit(f"imported {aqw.__file__}, not the tree {tree}")
+tp, mp = trace.NoOpTracerProvider(), metrics.NoOpMeterProvider()
+if ratio is not None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    class Discard(SpanExporter):
+        def export(self, spans):
+            return SpanExportResult.SUCCESS
+
+    sampler = None if ratio >= 1.0 else ParentBased(TraceIdRatioBased(ratio))
+    tp = TracerProvider() if sampler is None else TracerProvider(sampler=sampler)
+    tp.add_span_processor(BatchSpanProcessor(Discard(), max_queue_size=65536))
+if metering:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    mp = MeterProvider(metric_readers=[reader])
+tel = Telemetry("tel-micro", "redis", tracer_provider=tp, meter_provider=mp)
+
+
+class Lease:  # what a job trace reads of a held lease
+    fencing_token, waited, renewals, lost_reason = 7, 0.0, 0, None
+
+    def __init__(self):
+        self.callbacks = []
+
+    def on_renewed(self, callback):
+        self.callbacks.append(callback)
+
+    on_lost = on_renewed
+
+
+best = float("inf")
+for _ in range(rounds):
+    made = []
+    for start in range(0, jobs, batch):
+        group = [aqw.Job(task="noop", payload={"n": i}) for i in range(start, start + batch)]
+        with tel.publish(group):
+            pass
+        made += [aqw.Job.decode(job.encode()) for job in group]
+    if ratio is not None:
+        tp.force_flush()
+    gc.collect()
+    began = time.perf_counter()
+    for job in made:  # the calls of JobPath and Settler, in their order
+        received = (now_ns(), now_ns()) if tel.tracing else None
+        jt = tel.job(job, received)
+        lease = Lease()
+        if tel.metering:
+            tel.observe("aqw.job.wait", max(0.0, time.time() - job.enqueued_at), job.task)
+            renewed, lost = tel.lease_counters(job.task)
+            lease.on_renewed(renewed)
+            lease.on_lost(lost)
+        jt.lease_acquired(lease, now_ns() if tel.tracing else 0)
+        run = time.perf_counter()
+        with jt.handler():
+            pass
+        tel.observe("aqw.job.duration", time.perf_counter() - run, job.task)
+        jt.settled("ack")
+        tel.count("aqw.jobs.processed", job.task)
+        jt.end(None)
+    if metering:
+        reader.get_metrics_data()
+    if ratio is not None:
+        tp.force_flush()
+    best = min(best, (time.perf_counter() - began) / len(made))
+print(json.dumps({"us_per_job": best * 1e6}))
+"""
+
+
+def micro(tree: Path, variant: str, jobs: int, rounds: int, batch: int) -> dict[str, Any]:
+    """The per-job cost of the telemetry calls alone (``--micro``)."""
+    ratio, metering = VARIANTS[variant]
+    root = str(tree.resolve())
+    jobs -= jobs % batch
+    args = [str(jobs), str(rounds), str(batch), root]
+    args += ["none" if ratio is None else str(ratio), "1" if metering else "0"]
+    out = subprocess.run(
+        [sys.executable, "-P", "-c", MICRO, *args],
+        env={**os.environ, "PYTHONPATH": root},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"{tree} {variant}: exit {out.returncode}\n{out.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main_micro(args: argparse.Namespace, trees: dict[str, Path], variants: list[str]) -> None:
+    jobs = min(args.jobs, 4000)
+    costs: dict[str, dict[str, float]] = {label: {} for label in trees}
+    for variant in variants:
+        for label, tree in trees.items():
+            us = micro(tree, variant, jobs, args.repeat, args.batch)["us_per_job"]
+            costs[label][variant] = us
+            print(f"{label:6} {variant:8} {us:6.1f} us/job", flush=True)
+    print(f"\ntelemetry calls of {jobs:,} jobs, published {args.batch} at a time,")
+    print(f"fastest of {args.repeat} rounds: us per job (over off)")
+    print(f"{'variant':10}" + "".join(f"{label:>22}" for label in trees))
+    for v in variants:
+        cells = "".join(
+            f"{costs[label][v]:>12.1f} ({costs[label][v] - costs[label]['off']:+5.1f})"
+            for label in trees
+        )
+        print(f"{v:10}{cells}")
+    summary = {"micro": True, "jobs": jobs, "batch": args.batch, "repeat": args.repeat}
+    out = MICRO_RESULTS if args.out == RESULTS else args.out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({**summary, "us_per_job": costs}, indent=2) + "\n")
+    print(f"wrote {out}")
+
 
 def trial(tree: Path, variant: str, jobs: int, concurrency: int) -> dict[str, Any]:
     ratio, metering = VARIANTS[variant]
@@ -188,6 +324,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated")
     parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results file")
+    parser.add_argument("--micro", action="store_true", help="the telemetry calls alone")
+    parser.add_argument("--batch", type=int, default=1, help="--micro: jobs per publish")
     args = parser.parse_args()
     variants = args.variants.split(",")
     unknown = set(variants) - set(VARIANTS)
@@ -196,6 +334,9 @@ def main() -> None:
     trees = {"after": args.tree} if args.before is None else {"before": args.before}
     if args.before is not None:
         trees["after"] = args.tree
+    if args.micro:
+        main_micro(args, trees, variants)
+        return
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {
         label: {v: [] for v in variants} for label in trees
     }

@@ -437,6 +437,50 @@ async def test_baggage_of_the_producer_is_current_in_the_handler(
     assert one(otel.spans(), f"process {backend.queue}").parent is not None
 
 
+def test_the_jobs_of_one_batch_read_their_trace_context_once_and_each_job_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    exporter = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(exporter))
+    tel = aqw.Telemetry("q", "memory", tracer_provider=tp)
+    batch = [aqw.Job(task="t") for _ in range(3)]
+    single = aqw.Job(task="t")
+    with tel.publish(batch):
+        pass
+    with tel.publish([single]):
+        pass
+    reads: list[dict[str, str]] = []
+    extract = aqw.telemetry._job_trace.propagate.extract
+
+    def counting(headers: dict[str, str], *args: Any, **kwargs: Any) -> Any:
+        reads.append(dict(headers))
+        return extract(headers, *args, **kwargs)
+
+    monkeypatch.setattr(aqw.telemetry._job_trace.propagate, "extract", counting)
+    for job in [*batch, single]:
+        tel.job(job).end()
+    # a caller changing its headers in place after a read: the new ones are read
+    single.headers.clear()
+    single.headers.update(batch[0].headers)
+    tel.job(single).end()
+    assert len(reads) == 3, "the batch's headers read once, then each change of them"
+    assert reads[0] == reads[2] == batch[0].headers != reads[1]
+
+    publish = {s.context.span_id: s for s in exporter.get_finished_spans() if s.name == "publish q"}
+    processes = [s for s in exporter.get_finished_spans() if s.name == "process q"]
+    parents = [s.parent.span_id for s in processes if s.parent is not None]
+    assert len(parents) == 5 and set(parents) == set(publish)
+    assert parents[:3] == [parents[0]] * 3 and parents[3] != parents[0]
+    assert parents[4] == parents[0], "the changed headers' producer, not the cached one"
+    assert [attrs_of(s)["messaging.message.id"] for s in processes] == [
+        *(j.id for j in batch),
+        single.id,
+        single.id,
+    ]
+    tp.shutdown()
+
+
 @pytest.mark.parametrize("detail", list(DETAIL))
 async def test_trace_link_starts_a_new_trace_linked_to_the_producer(
     backend: Backend, otel: Otel, detail: str
@@ -902,6 +946,34 @@ def test_histogram_values_are_kept_and_recorded_in_a_batch_at_collection() -> No
     assert [p.count for p in points["aqw.job.wait"]] == [1]
     tel.flush()  # nothing kept: a no-op
     mp.shutdown()
+
+
+def test_a_batch_recorded_inside_a_span_takes_no_exemplar_from_it() -> None:
+    # The SDK's default exemplar filter samples an exemplar from the span of the context a
+    # value is recorded in; a batch recorded while some job's span is current must not
+    # pin its values on that span.
+    mp, reader = new_meter_provider()
+    tp = TracerProvider()
+    tel = aqw.Telemetry("q", "memory", meter_provider=mp)
+    for i in range(3):
+        tel.observe("aqw.job.duration", i / 10, "t")
+    with tp.get_tracer("tests").start_as_current_span("someone else's job"):
+        assert trace.get_current_span().get_span_context().trace_flags.sampled
+        tel.flush()
+    data = reader.get_metrics_data()
+    assert data is not None
+    (point,) = [
+        p
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == "aqw.job.duration"
+        for p in m.data.data_points
+    ]
+    assert point.count == 3
+    assert list(point.exemplars) == []
+    mp.shutdown()
+    tp.shutdown()
 
 
 def test_a_full_batch_is_recorded_at_once_and_every_value_exactly_once(

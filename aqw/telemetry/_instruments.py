@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from opentelemetry import metrics
-from opentelemetry.context import Context
+from opentelemetry.context import Context, create_key, set_value
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from ._names import METRICS
@@ -23,8 +23,9 @@ GaugeSource = Callable[[], list[tuple[str, float, dict[str, Any]]]]
 #: a millisecond), which bounds both the memory kept and the pause.
 MAX_PENDING = 128
 
-#: Batched values are recorded outside any span: no exemplars from a job's trace.
-_NO_CONTEXT = Context()
+#: Batched values are recorded outside any span: no exemplars from a job's trace. Not an
+#: empty ``Context``: the SDK takes a falsy one for "none given" and reads the current one.
+_NO_CONTEXT = set_value(create_key("aqw.batched"), True, Context())
 
 Pending = dict[tuple[str, str, str], tuple["array[float]", dict[str, Any]]]
 

@@ -106,8 +106,10 @@ _ROOT = Context()
 
 
 def process_attributes(tel: Tracing, task: str) -> dict[str, Any]:
-    """The attributes every ``process`` span of ``task`` starts with, but for the message id
-    and the attempt (built once per task by ``Telemetry``)."""
+    """The attributes every ``process`` span of ``task`` starts with (built once per task by
+    ``Telemetry`` and shared: the SDK copies what it keeps). The message id and the attempt
+    are set when the span ends, with the stage timings, so that a job sampled out builds no
+    attribute dict at all."""
     attrs = dict(tel.attributes)
     attrs[ATTR_OPERATION_TYPE] = "process"
     attrs[ATTR_OPERATION_NAME] = "process"
@@ -115,21 +117,45 @@ def process_attributes(tel: Tracing, task: str) -> dict[str, Any]:
     return attrs
 
 
+def job_attributes(job: Job) -> dict[str, Any]:
+    """The attributes of a recorded ``process`` span that vary from job to job."""
+    return {ATTR_MESSAGE_ID: job.id, ATTR_ATTEMPT: job.attempt}
+
+
+class HeaderContexts:
+    """The trace context in jobs' headers, read with the global propagator onto the root
+    context (not the current one: a job's context is what its headers carry, whatever is
+    current in the worker). The jobs of one ``enqueue_many`` carry the same headers, and
+    usually arrive together: the last headers read and their context are kept, so a run of
+    such jobs is read once (a ``Context`` is immutable, safe to share)."""
+
+    __slots__ = ("context", "headers")
+
+    def __init__(self) -> None:
+        self.headers: dict[str, str] = {}
+        self.context = _ROOT
+
+    def of(self, headers: dict[str, str]) -> Context:
+        """The context ``headers`` carry (the root context when they are empty)."""
+        if not headers:
+            return _ROOT
+        if headers != self.headers:
+            # a copy: a caller may change its own dict later
+            self.context = propagate.extract(headers, _ROOT)
+            self.headers = dict(headers)
+        return self.context
+
+
 def start_process_span(
     tel: Tracing,
-    job: Job,
+    extracted: Context,
     fetched: tuple[int, int] | None,
     name: str,
     attributes: dict[str, Any],
-) -> tuple[Span, Context]:
-    """Start the job's ``process`` span named ``name``, with the task's constant
-    ``attributes``: a child of the producer's span in the job's headers, or (``tel.link``)
-    the root of a new trace linked to it. Returns the span and the context it was started
-    from (the producer's span and baggage), for the handler to run in."""
-    attrs = attributes.copy()
-    attrs[ATTR_MESSAGE_ID] = job.id
-    attrs[ATTR_ATTEMPT] = job.attempt
-    extracted = propagate.extract(job.headers) if job.headers else _ROOT
+) -> Span:
+    """Start a job's ``process`` span named ``name``, with the task's constant
+    ``attributes``: a child of the producer's span in ``extracted`` (the context the job's
+    headers carry), or (``tel.link``) the root of a new trace linked to it."""
     parent = extracted
     links: list[Link] | None = None
     if tel.link:
@@ -137,15 +163,14 @@ def start_process_span(
         if producer.is_valid:
             links = [Link(producer)]
         parent = _ROOT
-    span = tel.tracer.start_span(
+    return tel.tracer.start_span(
         name,
         context=parent,
         kind=SpanKind.CONSUMER,
-        attributes=attrs,
+        attributes=attributes,
         links=links,
         start_time=fetched[0] if fetched else None,
     )
-    return span, extracted
 
 
 class SampledOutJobTrace(JobTrace):
@@ -173,17 +198,20 @@ class SampledOutJobTrace(JobTrace):
 
 class RecordingJobTrace(JobTrace):
     """One recorded job as one span (``trace_detail="job"``): the stages' times are kept
-    here as nanosecond stamps and set on the span as millisecond attributes in one call
-    when it ends."""
+    here as nanosecond stamps and set on the span, with the job's own attributes, in one
+    call when it ends."""
 
     __slots__ = (
         "began",
         "ctx",
         "extra",
+        "fence",
         "fetched",
         "handler_end",
+        "job",
         "lease_end",
         "lease_start",
+        "lease_wait",
         "outcome",
         "settle_end",
         "span",
@@ -192,12 +220,20 @@ class RecordingJobTrace(JobTrace):
     )
 
     def __init__(
-        self, tel: Tracing, span: Span, extracted: Context, fetched: tuple[int, int] | None
+        self,
+        tel: Tracing,
+        span: Span,
+        extracted: Context,
+        fetched: tuple[int, int] | None,
+        job: Job,
     ) -> None:
         self.tel = tel
         self.span = span
         self.ctx = extracted
         self.fetched = fetched
+        self.job = job
+        self.fence: int | None = None  # the lease's fencing token, once it is taken
+        self.lease_wait = 0.0
         self.lease_start = self.lease_end = self.began = self.handler_end = self.settle_end = 0
         self.outcome: str | None = None
         self.extra: dict[str, Any] | None = None
@@ -206,7 +242,7 @@ class RecordingJobTrace(JobTrace):
     def lease_acquired(self, lease: Lease, started_ns: int) -> None:
         self.lease_start = started_ns
         self.lease_end = now_ns()
-        self.extra = {ATTR_FENCING_TOKEN: lease.fencing_token, ATTR_LEASE_WAIT: lease.waited}
+        self.fence, self.lease_wait = lease.fencing_token, lease.waited
         lease.on_renewed(self._renewed)
         lease.on_lost(self._lost)
 
@@ -249,7 +285,10 @@ class RecordingJobTrace(JobTrace):
         self.span.add_event(name, attributes or {})
 
     def end(self, error: BaseException | None = None) -> None:
-        attrs = self.extra if self.extra is not None else {}
+        attrs = job_attributes(self.job)
+        if self.fence is not None:
+            attrs[ATTR_FENCING_TOKEN] = self.fence
+            attrs[ATTR_LEASE_WAIT] = self.lease_wait
         if self.fetched:
             attrs[ATTR_RECEIVE_MS] = (self.fetched[1] - self.fetched[0]) / 1e6
         if self.lease_end:
@@ -260,8 +299,9 @@ class RecordingJobTrace(JobTrace):
             attrs[ATTR_SETTLE_MS] = (self.settle_end - self.handler_end) / 1e6
         if self.outcome is not None:
             attrs[ATTR_OUTCOME] = self.outcome
-        if attrs:
-            self.span.set_attributes(attrs)
+        if self.extra:
+            attrs.update(self.extra)
+        self.span.set_attributes(attrs)
         if error is not None:
             self.tel.record_error(self.span, error, status=True)
         self.span.end()
@@ -274,10 +314,16 @@ class StagesJobTrace(JobTrace):
     __slots__ = ("ctx", "span", "tel")
 
     def __init__(
-        self, tel: Tracing, span: Span, extracted: Context, fetched: tuple[int, int] | None
+        self,
+        tel: Tracing,
+        span: Span,
+        extracted: Context,
+        fetched: tuple[int, int] | None,
+        job: Job,
     ) -> None:
         self.tel = tel
         self.span = span
+        span.set_attributes(job_attributes(job))
         self.ctx = trace.set_span_in_context(span, extracted)
         if fetched:
             receive = tel.tracer.start_span(

@@ -15,6 +15,7 @@ from .._version import __version__
 from ._instruments import INSTRUMENTS, GaugeSource, Instruments
 from ._job_trace import (
     NO_TRACE,
+    HeaderContexts,
     JobTrace,
     RecordingJobTrace,
     SampledOutJobTrace,
@@ -97,6 +98,7 @@ class Telemetry:
         self._metric_attrs: dict[str, dict[str, Any]] = {}
         self._process_name = SPAN_PROCESS.format(queue=queue)
         self._process_attrs: dict[str, dict[str, Any]] = {}
+        self._header_contexts = HeaderContexts()
         self._lease_counters: dict[str, tuple[Callable[[Any], None], Callable[[Any], None]]] = {}
 
     # -- metrics ---------------------------------------------------------------------------
@@ -252,12 +254,13 @@ class Telemetry:
         attrs = self._process_attrs.get(job.task)
         if attrs is None:
             attrs = self._process_attrs[job.task] = process_attributes(self, job.task)
-        span, extracted = start_process_span(self, job, fetched, self._process_name, attrs)
+        extracted = self._header_contexts.of(job.headers)
+        span = start_process_span(self, extracted, fetched, self._process_name, attrs)
         if not span.is_recording():  # sampled out: no attributes, events or children
             return SampledOutJobTrace(trace.set_span_in_context(span, extracted))
         if self.detail == "job":
-            return RecordingJobTrace(self, span, extracted, fetched)
-        return StagesJobTrace(self, span, extracted, fetched)
+            return RecordingJobTrace(self, span, extracted, fetched, job)
+        return StagesJobTrace(self, span, extracted, fetched, job)
 
     def lock(self, name: str) -> AbstractContextManager[Any]:
         """A span around a lock acquisition."""
