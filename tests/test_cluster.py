@@ -697,6 +697,24 @@ async def test_a_partitioned_queue_spreads_its_work_over_the_masters(
     assert (most - least) / most <= 0.2, f"commands per master not within 20%: {calls}"
 
 
+async def test_fresh_partitioned_clients_whose_first_step_is_several_commands_at_once(
+    cluster: Cluster,
+) -> None:
+    """redis-py's setup of a cluster client, started by several commands at once, closed
+    connections others were using (7 of 15 fresh clients failed their first enqueue_many);
+    the partitioned broker sets the client up first."""
+    for _ in range(10):
+        queue = f"t-{uuid.uuid4().hex[:8]}"
+        async with cluster_app(cluster, queue, partitions=PARTITIONS) as app:
+
+            @app.task
+            async def noop(n: int) -> None:
+                return None
+
+            assert len(await noop.enqueue_many(list(range(120)))) == 120
+            assert (await app.broker.depth()).waiting == 120
+
+
 # -- a master killed mid-run ---------------------------------------------------------------------
 
 JOBS = 300

@@ -11,11 +11,10 @@ in turn for ``CLUSTER_WAIT_SLICE`` seconds. Deliveries' ids name their partition
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable, Sequence
 
-from .._redis.cluster import is_cluster
+from .._redis.cluster import gather_on, is_cluster
 from ..job import Job
 from ._partitions import named
 from ._redis_wait import wait_together
@@ -67,7 +66,7 @@ class PartitionReader:
         order = self._order()
         base, extra = divmod(count, len(self.parts))
         shares = [(p, base + (k < extra)) for k, p in enumerate(order) if base + (k < extra)]
-        replies = await asyncio.gather(*(self.parts[p].fetch(n, 0) for p, n in shares))
+        replies = await gather_on(self.client, *(self.parts[p].fetch(n, 0) for p, n in shares))
         out: list[Delivery] = []
         short: set[int] = set()
         for (p, n), got in zip(shares, replies, strict=True):

@@ -5,11 +5,11 @@ streams), and the partition holding a job's record."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from .._redis.cluster import gather_on
 from ._partitions import named, partition_of_route, split_name
 from ._redis_records import dead_job_of
 from ._views import DelayedJob, DepthSample
@@ -75,7 +75,7 @@ async def merged_dlq(parts: Sequence[RedisBroker], count: int, after: str | None
             out.append((order, dataclasses.replace(dead, id=named(dead.id, p))))
         return out
 
-    pages = await asyncio.gather(*(page(p, part) for p, part in enumerate(parts)))
+    pages = await gather_on(parts[0].client, *(page(p, part) for p, part in enumerate(parts)))
     merged = sorted((item for items in pages for item in items), key=lambda item: item[0])
     return [dead for _, dead in merged[:count]]
 
@@ -110,5 +110,5 @@ async def holder_of(parts: Sequence[RedisBroker], job_id: str) -> RedisBroker | 
     if await first.record(job_id) is not None:
         return first
     others = [part for part in parts if part is not first]
-    found = await asyncio.gather(*(part.record(job_id) for part in others))
+    found = await gather_on(parts[0].client, *(part.record(job_id) for part in others))
     return next((part for part, info in zip(others, found, strict=True) if info), None)

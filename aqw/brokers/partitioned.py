@@ -17,7 +17,6 @@ P is part of the queue's layout: change it only on an empty queue.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -27,6 +26,7 @@ from redis.asyncio import Redis
 
 from .._ids import new_job_id
 from .._redis.client import make_client
+from .._redis.cluster import gather_on
 from .._redis.keys import queue_fence_of
 from .._redis.lease import RedisLeaseBackend
 from ..job import Job
@@ -112,17 +112,14 @@ class PartitionedBroker(Broker):
         """The partition ``job`` lives in: the one its id names, else the one its
         idempotency key (else its id) hashes to."""
         p = split_name(job.id, self.partitions)[1]
-        if p is not None:
-            return p
-        return partition_of_route(job.key if job.key is not None else job.id, self.partitions)
+        return p if p is not None else partition_of_route(job.key or job.id, self.partitions)
 
     def part_of(self, job: Job) -> RedisBroker:
         """The partition broker of ``job``."""
         return self.parts[self.partition_of(job)]
 
     def _unwrap(self, delivery: Delivery) -> tuple[int, Delivery]:
-        """(the partition ``delivery`` came from, the delivery as that partition made it:
-        with its own entry id)."""
+        """(its partition, ``delivery`` as that partition made it: with its own entry id)."""
         base, p = split_name(delivery.id, self.partitions)
         if p is None:  # not one of ours: partition 0 refuses what it does not hold
             return 0, delivery
@@ -136,10 +133,7 @@ class PartitionedBroker(Broker):
 
     async def _each(self, step: Callable[[RedisBroker], Awaitable[T]]) -> list[T]:
         """``step`` on every partition at once, in partition order."""
-        return list(await asyncio.gather(*(step(part) for part in self.parts)))
-
-    async def _holder(self, job_id: str) -> RedisBroker | None:
-        return await holder_of(self.parts, job_id)
+        return await gather_on(self.client, *(step(part) for part in self.parts))
 
     async def _holders(self, job_id: str) -> Sequence[RedisBroker]:
         """The partitions a write about ``job_id`` goes to: its own, or all for an id that
@@ -174,12 +168,12 @@ class PartitionedBroker(Broker):
 
     async def publish(self, jobs: Sequence[Job]) -> None:
         groups = self._by_job(jobs)
-        await asyncio.gather(*(self.parts[p].publish(group) for p, group in groups.items()))
+        await gather_on(self.client, *(self.parts[p].publish(group) for p, group in groups.items()))
 
     async def schedule(self, jobs: Sequence[Job], run_at: float) -> None:
         groups = self._by_job(jobs)
-        await asyncio.gather(
-            *(self.parts[p].schedule(group, run_at) for p, group in groups.items())
+        await gather_on(
+            self.client, *(self.parts[p].schedule(group, run_at) for p, group in groups.items())
         )
 
     @property
@@ -212,8 +206,8 @@ class PartitionedBroker(Broker):
             base, p = split_name(delivery_id, self.partitions)
             if p is not None:
                 own[p].add(base)
-        given = await asyncio.gather(
-            *(part.give_back_unstarted(own[p]) for p, part in enumerate(self.parts))
+        given = await gather_on(
+            self.client, *(part.give_back_unstarted(own[p]) for p, part in enumerate(self.parts))
         )
         return sum(given)
 
@@ -303,35 +297,35 @@ class PartitionedBroker(Broker):
         )
 
     async def record(self, job_id: str) -> JobInfo | None:
-        holder = await self._holder(job_id)
+        holder = await holder_of(self.parts, job_id)
         info = None if holder is None else await holder.record(job_id)
         return None if info is None or holder is None else self._info(holder, info)
 
     async def cancel(self, job_id: str, keep_for: float = DEFAULT_KEEP_FOR) -> CancelOutcome:
-        holder = await self._holder(job_id)
+        holder = await holder_of(self.parts, job_id)
         return "unknown" if holder is None else await holder.cancel(job_id, keep_for)
 
     async def cancel_requested(self, job_id: str) -> bool:
         parts = await self._holders(job_id)
-        return any(await asyncio.gather(*(p.cancel_requested(job_id) for p in parts)))
+        return any(await gather_on(self.client, *(p.cancel_requested(job_id) for p in parts)))
 
     async def wait_finished(self, job_id: str, timeout: float | None) -> JobInfo:
-        holder = await self._holder(job_id)
+        holder = await holder_of(self.parts, job_id)
         if holder is None:  # its own partition says UnknownJob
             holder = self.parts[partition_of_route(job_id, self.partitions)]
         return self._info(holder, await holder.wait_finished(job_id, timeout))
 
     async def set_job_state(self, job_id: str, state: dict[str, str], ttl: float) -> None:
         parts = await self._holders(job_id)
-        await asyncio.gather(*(p.set_job_state(job_id, state, ttl) for p in parts))
+        await gather_on(self.client, *(p.set_job_state(job_id, state, ttl) for p in parts))
 
     async def clear_job_state(self, job_id: str) -> None:
         parts = await self._holders(job_id)
-        await asyncio.gather(*(p.clear_job_state(job_id) for p in parts))
+        await gather_on(self.client, *(p.clear_job_state(job_id) for p in parts))
 
     async def job_state(self, job_id: str) -> dict[str, str] | None:
         parts = await self._holders(job_id)
-        states = await asyncio.gather(*(p.job_state(job_id) for p in parts))
+        states = await gather_on(self.client, *(p.job_state(job_id) for p in parts))
         return next((s for s in states if s is not None), None)
 
     async def job_states(self, limit: int = 1000) -> list[dict[str, str]]:
@@ -343,7 +337,7 @@ class PartitionedBroker(Broker):
     async def publish_heartbeat(self, worker: str, data: dict[str, Any], ttl: float) -> None:
         await self.home.publish_heartbeat(worker, data, ttl)  # samples partition 0's depth
         at = time.time()
-        await asyncio.gather(*(part.sample_depth(at) for part in self.parts[1:]))
+        await gather_on(self.client, *(part.sample_depth(at) for part in self.parts[1:]))
 
     async def heartbeats(self) -> list[dict[str, Any]]:
         return await self.home.heartbeats()
@@ -391,8 +385,8 @@ class PartitionedBroker(Broker):
         for entry_id, job in entries:
             base, p = split_name(entry_id, self.partitions)
             groups.setdefault(self.partition_of(job) if p is None else p, []).append((base, job))
-        replayed = await asyncio.gather(
-            *(self.parts[p].dlq_replay(group) for p, group in groups.items())
+        replayed = await gather_on(
+            self.client, *(self.parts[p].dlq_replay(group) for p, group in groups.items())
         )
         return sum(replayed)
 
@@ -400,5 +394,7 @@ class PartitionedBroker(Broker):
         deleted = 0
         for p, bases in by_partition(entry_ids, self.partitions).items():
             parts = self.parts if p is None else (self.parts[p],)
-            deleted += sum(await asyncio.gather(*(part.dlq_delete(bases) for part in parts)))
+            deleted += sum(
+                await gather_on(self.client, *(part.dlq_delete(bases) for part in parts))
+            )
         return deleted
