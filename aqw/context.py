@@ -64,16 +64,23 @@ class Context:
             ``job_id``, ``task`` and ``attempt`` as ``extra`` fields.
     """
 
-    __slots__ = ("_cancelled", "_log", "_on_cancel", "job", "lease", "state", "worker")
+    __slots__ = ("_cancelled", "_log", "_on_cancel", "_state", "job", "lease", "worker")
 
     def __init__(self, job: Job, lease: Lease | None, worker: ContextHost) -> None:
         self.job = job
         self.lease = lease
         self.worker = worker
-        self.state: dict[str, Any] = {}
+        self._state: dict[str, Any] | None = None
         self._log: JobLog | None = None
         self._cancelled = False
         self._on_cancel: Callable[[], None] | None = None
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """A dict the handler may keep its own values in for the run (made on first use)."""
+        if self._state is None:
+            self._state = {}
+        return self._state
 
     @property
     def cancelled(self) -> bool:

@@ -50,10 +50,16 @@ class LeaseBackend(Protocol):
         """Delete ``key`` if ``token`` still holds it."""
 
 
+_backend_classes: set[type] = set()  # defining every method: checked once (a Lease per job)
+
+
 def is_lease_backend(obj: object) -> bool:
     """True for a ``LeaseBackend`` (anything else given to a Lease is taken for a Redis
     client, without importing redis here)."""
-    return all(callable(getattr(obj, name, None)) for name in ("acquire", "renew", "release"))
+    names, kind = ("acquire", "renew", "release"), type(obj)
+    if kind not in _backend_classes and all(callable(getattr(kind, n, None)) for n in names):
+        _backend_classes.add(kind)
+    return kind in _backend_classes or all(callable(getattr(obj, n, None)) for n in names)
 
 
 class Lease:
@@ -121,9 +127,10 @@ class Lease:
         self.renewing = False
         self._renewer: asyncio.Task[None] | None = None
         self._guard: Canceller | None = None
+        self._block: asyncio.Task[Any] | None = None  # the block's task, while inside it
         self._baseline = 0  # the block's task's cancellation requests when it entered
-        self._on_lost: list[Callable[[Lease], None]] = []
-        self._on_renewed: list[Callable[[Lease], None]] = []
+        self._on_lost: tuple[Callable[[Lease], None], ...] = ()
+        self._on_renewed: tuple[Callable[[Lease], None], ...] = ()
 
     # -- public surface ------------------------------------------------------------------
 
@@ -155,13 +162,24 @@ class Lease:
         loop = asyncio.get_running_loop()
         return now() + max(0.0, self._expires_mono - loop.time())
 
+    @property
+    def deadline(self) -> float:
+        """When its keeper stops the block (``LeaseKeeper.watch``; loop time, inf: never)."""
+        unguarded = self._block is None or self._guard is not None or self.lost_reason is not None
+        return float("inf") if unguarded else self._expires_mono
+
+    def expire(self) -> None:
+        """The confirmed expiry passed with no renewal confirmed: stop the block (called by
+        its keeper's timer, or by its own guard when it has no keeper)."""
+        self._lose("the lease expired before a renewal was confirmed")
+
     def on_lost(self, callback: Callable[[Lease], None]) -> None:
         """Call ``callback(lease)`` when the lease is lost (for metrics and logs)."""
-        self._on_lost.append(callback)
+        self._on_lost = (*self._on_lost, callback)
 
     def on_renewed(self, callback: Callable[[Lease], None]) -> None:
         """Call ``callback(lease)`` after each successful renewal (for metrics and traces)."""
-        self._on_renewed.append(callback)
+        self._on_renewed = (*self._on_renewed, callback)
 
     async def acquire(self) -> None:
         """Take the lease, waiting up to ``wait`` seconds; raise LeaseUnavailable if held."""
@@ -176,7 +194,12 @@ class Lease:
             sent = loop.time()
             if started is None:
                 started = sent  # a first-try acquisition has waited exactly 0
-            fence = await self._acquire_once()
+            try:
+                fence = await self.backend.acquire(self.key, self.token, self._ttl_ms)
+            except asyncio.CancelledError:
+                # The command may have reached the server: never leave a key we might hold.
+                self._release_in_background()
+                raise
             if current is not None and current.cancelling() > cancels:
                 # A cancellation arrived during the call but a lower layer swallowed it
                 # (on Python 3.11, ``asyncio.wait_for`` inside redis-py returns a result that
@@ -200,14 +223,16 @@ class Lease:
     async def __aenter__(self) -> Lease:
         if self._state == "new":  # the worker acquires first, to tell its errors apart
             await self.acquire()
-        elif self._state != "held" or self._guard is not None:
+        elif self._state != "held" or self._guard is not None or self._block is not None:
             raise RuntimeError("a Lease can be entered once")
         task = asyncio.current_task()
-        if task is not None:
-            self._baseline = task.cancelling()
-            self._guard = Canceller(task, self._expires_mono, on_fire=self._on_expiry)
+        if task is not None:  # stopped at the expiry by its keeper's timer, or its own guard
+            self._baseline, self._block = task.cancelling(), task
+            if self._keeper is None:
+                self._guard = Canceller(task, self._expires_mono, on_fire=self.expire)
         if self._keeper is not None:
             self._keeper.add(self)
+            self._keeper.watch(self)
         else:
             self._renewer = asyncio.create_task(self._renew_loop(), name=f"lease-renew:{self.key}")
         return self
@@ -259,6 +284,8 @@ class Lease:
         """The lease is gone: record why and stop the block, however long that takes."""
         if not self._mark_lost(reason):
             return
+        if self._guard is None and self._block is not None:
+            self._guard = Canceller(self._block, None)
         if self._guard is not None:
             self._guard.fire(reason)
 
@@ -274,27 +301,15 @@ class Lease:
                 log.exception("lease-lost callback failed")
         return True
 
-    def _on_expiry(self) -> None:
-        """The guard's deadline (the confirmed expiry) passed with no renewal confirmed."""
-        self._mark_lost("the lease expired before a renewal was confirmed")
-
     def _close_guard(self) -> int:
         """Disarm the block's guard; the block's task's cancellation requests that remain."""
-        guard, self._guard = self._guard, None
+        guard, self._guard, self._block = self._guard, None, None
         if guard is None:
             task = asyncio.current_task()
             return task.cancelling() if task is not None else 0
         return guard.close()
 
     # -- internals ------------------------------------------------------------------------
-
-    async def _acquire_once(self) -> int | None:
-        try:
-            return await self.backend.acquire(self.key, self.token, self._ttl_ms)
-        except asyncio.CancelledError:
-            # The command may have reached the server: never leave a key we might hold.
-            self._release_in_background()
-            raise
 
     def _release_in_background(self) -> None:
         task = asyncio.get_running_loop().create_task(self._release_quietly())
@@ -318,12 +333,8 @@ class Lease:
         return max(floor, min(remaining, self.renew_every))
 
     async def _release_shielded(self) -> None:
-        task = asyncio.ensure_future(self.release())
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            # The release goes on; the caller's cancellation still propagates.
-            raise
+        # The release goes on if the caller is cancelled; the cancellation still propagates.
+        await asyncio.shield(asyncio.ensure_future(self.release()))
 
     def _stop_renewing(self) -> None:
         if self._keeper is not None:

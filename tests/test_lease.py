@@ -396,3 +396,69 @@ async def test_a_lease_is_acquired_once(lease_redis: Redis, key: str) -> None:
         pass
     with pytest.raises(RuntimeError):
         await lease.acquire()
+
+
+# -- one deadline timer per keeper --------------------------------------------------------------
+# A keeper's leases share one timer at the earliest confirmed expiry: each lease is still
+# stopped at its own expiry, even when renewals never answer and the loop was blocked.
+
+
+class SilentBackend:
+    """Takes any key; renewals never answer (a server gone quiet)."""
+
+    async def acquire(self, key: str, token: str, ttl_ms: int) -> int | None:
+        return 1
+
+    async def renew(self, key: str, token: str, ttl_ms: int) -> bool:
+        await asyncio.Event().wait()
+        return True
+
+    async def release(self, key: str, token: str) -> bool:
+        return True
+
+
+async def test_a_block_waiting_forever_is_stopped_at_its_expiry() -> None:
+    keeper = aqw.LeaseKeeper()
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    with pytest.raises(aqw.LeaseLost):
+        async with aqw.Lease(SilentBackend(), "k", ttl=0.3, keeper=keeper):
+            await asyncio.Event().wait()
+    assert 0.29 <= loop.time() - began < 0.6
+    await keeper.close()
+
+
+async def test_leases_of_different_ttls_each_stop_at_their_own_expiry() -> None:
+    keeper = aqw.LeaseKeeper()
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    ended: dict[float, float] = {}
+
+    async def hold(ttl: float) -> None:
+        with pytest.raises(aqw.LeaseLost):
+            async with aqw.Lease(SilentBackend(), f"k{ttl}", ttl=ttl, keeper=keeper):
+                await asyncio.Event().wait()
+        ended[ttl] = loop.time() - began
+
+    long = asyncio.create_task(hold(0.8))
+    await asyncio.sleep(0.05)
+    await asyncio.gather(long, hold(0.2))  # the shorter one arrives later, due earlier
+    assert 0.2 <= ended[0.2] < 0.45 + 0.05 and 0.8 <= ended[0.8] < 1.2, ended
+    await keeper.close()
+
+
+async def test_after_a_blocked_loop_the_block_is_stopped_before_its_own_later_timer() -> None:
+    keeper = aqw.LeaseKeeper()
+    ran_after: list[bool] = []
+    with pytest.raises(aqw.LeaseLost):
+        async with aqw.Lease(SilentBackend(), "k", ttl=0.3, keeper=keeper) as lease:
+
+            async def block_loop() -> None:
+                time.sleep(0.6)  # noqa: ASYNC251 - the loop blocked past the expiry
+
+            blocker = asyncio.create_task(block_loop())
+            await asyncio.sleep(0.5)  # due after the expiry: must not resume normally
+            ran_after.append(lease.held)
+    await blocker
+    assert ran_after == []
+    await keeper.close()

@@ -28,6 +28,47 @@ class Outcome:
     value: Any = None
 
 
+class _Stops:
+    """The stops a running handler answers to (its lease, its cancellation, its timeout),
+    as one object rather than a closure each: one is made per job."""
+
+    __slots__ = ("ctx", "deadline", "lease", "loop", "stopper", "task")
+
+    def __init__(
+        self,
+        ctx: Context,
+        deadline: float | None,
+        loop: asyncio.AbstractEventLoop,
+        task: asyncio.Task[Any] | None,
+    ) -> None:
+        self.ctx = ctx
+        self.lease = ctx.lease
+        self.deadline = deadline
+        self.loop = loop
+        self.task = task
+        #: Made only when the job is cancelled: most never are.
+        self.stopper: Canceller | None = None
+
+    def expired(self) -> str | None:
+        """Why the handler must not be resumed, or None (``Guarded`` asks at each resume)."""
+        lease = self.lease
+        if lease is not None:
+            lapsed = lease.lapsed()
+            if lapsed is not None:
+                return lapsed
+        if self.ctx.cancelled:
+            return CANCELLED
+        if self.deadline is not None and self.loop.time() >= self.deadline:
+            return TIMED_OUT
+        return None
+
+    def stop(self) -> None:
+        """``app.cancel`` asked for the job to stop: cancel the handler until it exits."""
+        if self.stopper is None and self.task is not None:
+            self.stopper = Canceller(self.task, None)
+            self.stopper.fire(CANCELLED)
+
+
 async def run_handler(task: Task[Any], payload: Any, ctx: Context) -> Outcome:
     """Call the handler under the task's timeout, the job's lease and its cancellation, and
     classify how it ended.
@@ -42,36 +83,15 @@ async def run_handler(task: Task[Any], payload: Any, ctx: Context) -> Outcome:
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
     running = asyncio.current_task()
+    stops = _Stops(ctx, deadline, loop, running)
     timer = None
-    stoppers: list[Canceller] = []  # made only when the job is cancelled: most never are
     if running is not None:
         if deadline is not None:
             timer = Canceller(running, deadline)
-        task_ = running
-
-        def stop() -> None:
-            if not stoppers:
-                stoppers.append(Canceller(task_, None))
-                stoppers[0].fire(CANCELLED)
-
-        ctx.on_cancel(stop)
-
-    def expired() -> str | None:
-        if lease is not None:
-            lapsed = lease.lapsed()
-            if lapsed is not None:
-                return lapsed
-        if ctx.cancelled:
-            return CANCELLED
-        if deadline is not None and loop.time() >= deadline:
-            return TIMED_OUT
-        return None
-
-    def cancelled() -> Outcome:
-        return Outcome("cancelled", JobCancelled(ctx.job.id))
+        ctx.on_cancel(stops.stop)
 
     base = running.cancelling() if running is not None else 0
-    guarded = Guarded(task.fn(*args, **kwargs), expired)
+    guarded = Guarded(task.fn(*args, **kwargs), stops.expired)
     others = base
     try:
         try:
@@ -80,21 +100,21 @@ async def run_handler(task: Task[Any], payload: Any, ctx: Context) -> Outcome:
             ctx.on_cancel(None)
             if timer is not None:
                 others = timer.close()
-            for stopper in stoppers:
-                others = stopper.close()
+            if stops.stopper is not None:
+                others = stops.stopper.close()
         if lease is not None and guarded.stopped is not None:
             lapsed = lease.lapsed()
             if lapsed is not None:  # it caught the stop and returned: still not done
                 raise LeaseLost(lease.key, lapsed)
         if guarded.stopped == CANCELLED:
-            return cancelled()  # it caught the stop and returned: stopped all the same
+            return _cancelled(ctx)  # it caught the stop and returned: stopped all the same
         if deadline is not None and loop.time() >= deadline:
             raise JobTimeout(f"handler ran longer than its timeout of {timeout}s")
     except HandlerStopped as stopped:
         if lease is not None and lease.lapsed() is not None:
             raise LeaseLost(lease.key, lease.lapsed() or str(stopped)) from None
         if ctx.cancelled:
-            return cancelled()
+            return _cancelled(ctx)
         return classify(task, JobTimeout(f"handler ran longer than its timeout of {timeout}s"))
     except asyncio.CancelledError:
         if lease is not None and lease.lapsed() is not None:
@@ -102,7 +122,7 @@ async def run_handler(task: Task[Any], payload: Any, ctx: Context) -> Outcome:
         if others > base:
             raise  # a stop from outside (shutdown): the job is handed back
         if ctx.cancelled:
-            return cancelled()
+            return _cancelled(ctx)
         timed_out = (timer is not None and timer.fired) or guarded.stopped == TIMED_OUT
         if not timed_out:
             raise
@@ -111,9 +131,13 @@ async def run_handler(task: Task[Any], payload: Any, ctx: Context) -> Outcome:
         raise  # e.g. refused by a fenced datastore write: not a failure of the job
     except Exception as exc:
         if ctx.cancelled and guarded.stopped == CANCELLED:
-            return cancelled()  # it turned the stop into an error of its own
+            return _cancelled(ctx)  # it turned the stop into an error of its own
         return classify(task, exc)
     return Outcome("ok", value=value)
+
+
+def _cancelled(ctx: Context) -> Outcome:
+    return Outcome("cancelled", JobCancelled(ctx.job.id))
 
 
 def classify(task: Task[Any], exc: Exception) -> Outcome:

@@ -272,9 +272,8 @@ class JobPath:
         A lost connection is retried with backoff (no attempt is spent; a retried acquire by
         the same token takes the key again) until the lease's TTL, then the delivery is
         handed back for immediate redelivery: None."""
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + lease.ttl
-        backoff = Backoff(0.05, 1.0)
+        give_up = asyncio.get_running_loop().time() + lease.ttl
+        backoff: Backoff | None = None  # made once a try fails: most jobs need none
         while True:
             try:
                 await lease.acquire()
@@ -282,10 +281,11 @@ class JobPath:
             except LeaseUnavailable:
                 return False
             except self.broker.transient_errors as exc:
-                if loop.time() >= give_up or self.stopping.is_set():
+                if asyncio.get_running_loop().time() >= give_up or self.stopping.is_set():
                     log.warning("job lease %r: %r; handing the job back", lease.key, exc)
                     await self.settler.give_back(delivery)
                     return None
+                backoff = backoff or Backoff(0.05, 1.0)
                 await asyncio.sleep(backoff.next())
         if waited > self.min_ttl / 2 and not await self.broker.keep_alive(delivery):
             # It waited in the buffer long enough for another worker to take it over, and

@@ -69,6 +69,16 @@ class RunningJob:
         }
 
 
+class EndedRun:
+    """A job that ended lately, as the blocked-loop watchdog names it: only its job is kept,
+    so what it ran with (its lease, its context, its delivery) is freed when it ends."""
+
+    __slots__ = ("job",)
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+
+
 #: A running job enters the queue's running index (what ``aqw status`` and the monitor list)
 #: once it has run this long, or reports progress, so the many short jobs cost nothing there.
 STATE_AFTER = 0.5
@@ -98,7 +108,7 @@ class RunningJobs:
         self._worker = worker
         self._spawn = spawn
         self._runs: dict[str, RunningJob] = {}
-        self._ended: deque[tuple[float, RunningJob]] = deque(maxlen=ENDED_KEPT)
+        self._ended: deque[tuple[float, Job]] = deque(maxlen=ENDED_KEPT)
 
     def __len__(self) -> int:
         return len(self._runs)
@@ -122,11 +132,11 @@ class RunningJobs:
         """The job ended here: forget it."""
         if self._runs.get(run.job.id) is run:
             del self._runs[run.job.id]
-            self._ended.append((time.monotonic(), run))
+            self._ended.append((time.monotonic(), run.job))
 
-    def ended_since(self, when: float) -> list[RunningJob]:
+    def ended_since(self, when: float) -> list[EndedRun]:
         """Jobs (of the last ``ENDED_KEPT``) that ended at or after ``when`` (monotonic)."""
-        return [run for ended, run in self._ended if ended >= when]
+        return [EndedRun(job) for ended, job in self._ended if ended >= when]
 
     def publish_due(self) -> None:
         """Publish the state of jobs that have now run ``STATE_AFTER`` seconds (checked by

@@ -76,6 +76,8 @@ class Settler:
         self.within = within
         #: When the latest retry this worker made is due (epoch seconds; 0: none yet).
         self.retry_due = 0.0
+        #: The finish of a success that keeps no result, by record lifetime (immutable).
+        self._succeeded: dict[float, Finish] = {}
 
     async def settle(
         self,
@@ -158,7 +160,12 @@ class Settler:
                     note,
                     extra=job_fields(job),
                 )
-        finish = Finish("succeeded", task.options.keep_for, result, note)
+        keep = task.options.keep_for
+        finish = self._succeeded.get(keep) if result is None and not note else None
+        if finish is None:
+            finish = Finish("succeeded", keep, result, note)
+            if result is None and not note:  # most jobs: this finish is reused
+                self._succeeded[keep] = finish
         ack = partial(self.broker.ack, delivery, job, lease, self.record_ttl, finish)
         if not await self.step(ack):
             self.lost(job)
@@ -373,9 +380,9 @@ class Settler:
             extra=job_fields(job),
         )
 
-    async def step(self, step: Callable[[], Awaitable[bool]]) -> bool:
+    def step(self, step: Callable[[], Awaitable[bool]]) -> Awaitable[bool]:
         """Run one settle step, riding out a lost connection within ``within`` seconds."""
-        return await with_retries(step, within=self.within, transient=self.broker.transient_errors)
+        return with_retries(step, within=self.within, transient=self.broker.transient_errors)
 
     def log_traceback(self, error: BaseException) -> str:
         """``error``'s traceback for a log line (``log_traceback``)."""

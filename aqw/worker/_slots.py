@@ -30,6 +30,7 @@ class Slots:
         self.settling: set[asyncio.Task[Any]] = set()
         self._buffer: deque[tuple[Delivery, float]] = deque()  # (delivery, buffered at)
         self._freed = asyncio.Event()
+        self._on_done = self._done  # one bound method for every job task, not one each
 
     @property
     def in_flight(self) -> int:
@@ -89,7 +90,7 @@ class Slots:
     def _start(self, delivery: Delivery, waited: float) -> None:
         task = asyncio.get_running_loop().create_task(self._run(delivery, waited))
         self.jobs[task] = delivery.id
-        task.add_done_callback(self._done)
+        task.add_done_callback(self._on_done)
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self.jobs.pop(task, None)
