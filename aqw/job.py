@@ -53,10 +53,12 @@ class Job(BaseModel):
             return _WIRE.__get__(self, Job)  # type: ignore[no-any-return]
         except AttributeError:
             pass
+        # The serializer itself: bytes at once, without ``model_dump_json``'s str round trip.
+        wire: bytes
         if self.priority:
-            wire = self.model_dump_json().encode()
+            wire = _SERIALIZER.to_json(self)
         else:
-            wire = self.model_dump_json(exclude=_DEFAULT_PRIORITY).encode()
+            wire = _SERIALIZER.to_json(self, exclude=_DEFAULT_PRIORITY)
         _WIRE.__set__(self, wire)
         return wire
 
@@ -84,6 +86,8 @@ class Job(BaseModel):
 
 #: ``Job``'s ``_wire`` slot (its descriptor).
 _WIRE: Any = Job.__dict__["_wire"]
+#: ``Job``'s pydantic serializer (what ``model_dump_json`` calls).
+_SERIALIZER: Any = Job.__pydantic_serializer__
 
 
 def _describe(exc: ValidationError) -> str:

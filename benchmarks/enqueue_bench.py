@@ -11,13 +11,19 @@ afterwards:
 - ``raw-many``: 1,000 ``XADD`` in one non-transactional pipeline per batch.
 
 Trials are interleaved (each round runs every variant once, starting one further along
-each time), and the median of ``--repeat`` trials per variant is reported with the ratios
-aqw / raw. ``--tree`` (repeatable) also measures the aqw variants of other source trees in
-the same rounds (a "before" copy of ``aqw/``), each trial with ``PYTHONPATH`` set to its
-tree. Each aqw trial also reads the server's ``INFO commandstats`` before and after, and
-reports the EVALSHA microseconds per job (others' commands on the same server add noise).
+each time, every other round in reverse order), and the median of ``--repeat`` trials per
+variant is reported with the ratios aqw / raw. ``--tree`` (repeatable) also measures the
+aqw variants of other source trees in the same rounds (a "before" copy of ``aqw/``), each
+trial with ``PYTHONPATH`` set to its tree. Each aqw trial also reads the server's
+``INFO commandstats`` before and after, and reports the EVALSHA microseconds per job
+(others' commands on the same server add noise). Besides the medians, ``by round`` is the
+median of each trial's rate over the raw trial of its round, and ``cpu us/job`` the
+producer's own CPU time per job (``process_time``), which moves less with the machine's
+load than a rate does. ``--url`` points the trials at a private ``redis-server`` (no one
+else's commands in its figures).
 
     python benchmarks/enqueue_bench.py [--jobs 20000] [--repeat 3] [--tree /tmp/aqw-before]
+        [--url redis://127.0.0.1:PORT/12]
 
 Bounded: every trial has a timeout and the script stops by itself.
 """
@@ -81,7 +87,7 @@ async def run_aqw(kind):
             await noop.enqueue(i)
         await noop.enqueue_many(list(range(BATCH)))
         before = await evalsha_stats(client)
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.process_time()
         if kind == "single":
             for i in range(jobs):
                 await noop.enqueue(i)
@@ -93,7 +99,7 @@ async def run_aqw(kind):
             while done < jobs:
                 await noop.enqueue_many(list(range(done, done + BATCH)))
                 done += BATCH
-        elapsed = time.perf_counter() - began
+        elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
         after = await evalsha_stats(client)
         calls, usec = after[0] - before[0], after[1] - before[1]
         depth = await app.broker.depth()
@@ -105,7 +111,8 @@ async def run_aqw(kind):
         await client.aclose()
     if depth.waiting != done + 200 + BATCH:
         raise SystemExit(f"{depth.waiting} jobs waiting, expected {done + 200 + BATCH}")
-    return {"jobs": done, "seconds": elapsed, "evalsha_calls": calls, "evalsha_usec": usec}
+    return {"jobs": done, "seconds": elapsed, "cpu": cpu, "evalsha_calls": calls,
+        "evalsha_usec": usec}
 
 
 async def run_raw(kind):
@@ -114,7 +121,7 @@ async def run_raw(kind):
     try:
         for i in range(200):
             await client.xadd(stream, {"j": BODY})
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.process_time()
         if kind == "single":
             for i in range(jobs):
                 await client.xadd(stream, {"j": BODY})
@@ -129,14 +136,14 @@ async def run_raw(kind):
                     pipe.xadd(stream, {"j": BODY})
                 await pipe.execute()
                 done += BATCH
-        elapsed = time.perf_counter() - began
+        elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
         length = await client.xlen(stream)
     finally:
         await client.delete(stream)
         await client.aclose()
     if length != done + 200:
         raise SystemExit(f"{length} entries, expected {done + 200}")
-    return {"jobs": done, "seconds": elapsed}
+    return {"jobs": done, "seconds": elapsed, "cpu": cpu}
 
 
 who, _, kind = variant.partition("-")
@@ -190,20 +197,35 @@ def main() -> None:
     load = os.getloadavg()
     for r in range(args.repeat):
         shift = r % len(cells)
-        for variant, label, tree in cells[shift:] + cells[:shift]:
+        order = cells[shift:] + cells[:shift]
+        if r % 2:  # every other round backwards: no variant always runs right after another
+            order.reverse()
+        for variant, label, tree in order:
             res = trial(variant, tree, args.jobs, args.url)
             results.setdefault((variant, label), []).append(res)
             print(f"round {r + 1} {variant:16} {label:24} {res['rate']:9,.0f} jobs/s", flush=True)
     print(f"\n{args.jobs:,} jobs per trial, median of {args.repeat}, load before {load[0]:.2f}")
-    print(f"{'variant':16} {'tree':24} {'jobs/s':>9} {'of raw':>7} {'evalsha us/job':>15}")
+    print(
+        f"{'variant':16} {'tree':24} {'jobs/s':>9} {'of raw':>7} {'by round':>8}"
+        f" {'cpu us/job':>10} {'evalsha us/job':>15}"
+    )
     for kind in kinds:
-        raw = statistics.median(x["rate"] for x in results[(f"raw-{kind}", "raw")])
-        print(f"{'raw-' + kind:16} {'raw':24} {raw:9,.0f}")
+        raws = results[(f"raw-{kind}", "raw")]
+        raw = statistics.median(x["rate"] for x in raws)
+        cpu = statistics.median(x["cpu"] / x["jobs"] * 1e6 for x in raws)
+        print(f"{'raw-' + kind:16} {'raw':24} {raw:9,.0f} {'':7} {'':8} {cpu:10.1f}")
         for label, _ in trees:
             runs = results[(f"aqw-{kind}", label)]
             rate = statistics.median(x["rate"] for x in runs)
+            # Each trial against the raw trial of its own round: less of the drift of load.
+            pairs = zip(runs, raws, strict=True)
+            paired = statistics.median(x["rate"] / y["rate"] for x, y in pairs)
+            cpu = statistics.median(x["cpu"] / x["jobs"] * 1e6 for x in runs)
             lua = statistics.median(x["evalsha_usec"] / x["jobs"] for x in runs)
-            print(f"{'aqw-' + kind:16} {label:24} {rate:9,.0f} {rate / raw:7.0%} {lua:15.2f}")
+            print(
+                f"{'aqw-' + kind:16} {label:24} {rate:9,.0f} {rate / raw:7.0%} {paired:8.0%}"
+                f" {cpu:10.1f} {lua:15.2f}"
+            )
     print(f"wall {time.time() - began:.0f} s, load after {os.getloadavg()[0]:.2f}")
     if args.json is not None:
         rows = [

@@ -18,16 +18,19 @@ from redis.exceptions import NoScriptError
 class Script:
     """One Lua script, identified by the SHA1 of its source."""
 
-    __slots__ = ("name", "sha", "source")
+    __slots__ = ("_head", "name", "sha", "source")
 
     def __init__(self, name: str, source: str) -> None:
         self.name = name
         self.source = source
         self.sha = hashlib.sha1(source.encode()).hexdigest()
+        # The SHA as bytes, sent as it is instead of encoded on every call. The command name
+        # stays a str: the cluster client routes a script call by it.
+        self._head = ("EVALSHA", self.sha.encode())
 
     def args(self, keys: list[str], argv: list[Any]) -> tuple[Any, ...]:
         """The EVALSHA command for ``keys`` and ``argv``."""
-        return ("EVALSHA", self.sha, len(keys), *keys, *argv)
+        return (*self._head, len(keys), *keys, *argv)
 
     async def __call__(self, client: Redis, keys: list[str], argv: list[Any]) -> Any:
         execute: Any = client.execute_command

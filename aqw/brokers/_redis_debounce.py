@@ -14,6 +14,7 @@ from .._redis.keys import QueueKeys
 from ..job import Job
 from ..record import UNFINISHED_KEEP, stamp
 from ._debounce import DEBOUNCE_SLACK, DebouncedPublish
+from ._redis_argv import ms
 
 
 def split_at_id(job: Job) -> tuple[bytes, bytes]:
@@ -25,10 +26,6 @@ def split_at_id(job: Job) -> tuple[bytes, bytes]:
         raise ValueError(f"unexpected job envelope for {job.id!r}")
     start = len(head) - len(job.id) - 1  # the id's first character (inside the quotes)
     return data[:start], data[start + len(job.id) :]
-
-
-def _ms(seconds: float) -> int:
-    return max(1, int(seconds * 1000))
 
 
 class RedisDebouncedPublish(DebouncedPublish):
@@ -50,10 +47,10 @@ class RedisDebouncedPublish(DebouncedPublish):
             [
                 keys.tag + ":",
                 int(time.time() * 1000),
-                _ms(debounce),
-                _ms(debounce_max) if debounce_max is not None else 0,
-                _ms(DEBOUNCE_SLACK),
-                _ms(UNFINISHED_KEEP),
+                ms(debounce),
+                ms(debounce_max) if debounce_max is not None else 0,
+                ms(DEBOUNCE_SLACK),
+                ms(UNFINISHED_KEEP),
                 job.id,
                 before,
                 after,

@@ -24,61 +24,13 @@ from ..lease import Lease
 from ..record import UNFINISHED_KEEP, stamp
 from ._debounce import completion_key
 from ._local_records import CancelOutcome
+from ._redis_argv import ack_values, enqueue_args, enqueue_head, flat, ms
 from ._redis_levels import locate
 from .base import Delivery, Failure, Finish, failure_fields
 
 #: Most jobs one enqueue script call takes (``publish`` and ``schedule`` of more: one call
 #: per chunk, sent together).
 ENQUEUE_CHUNK = 1000
-
-
-def _ms(seconds: float) -> int:
-    return max(1, int(seconds * 1000))
-
-
-def _ack_values(idem: str, values: list[str]) -> tuple[Any, ...]:
-    """The tail of a job's per-job ``ack.lua`` ARGV: the count, then the idempotency key and
-    the record's field/value pairs (nothing after the count when there are none)."""
-    if not idem and not values:
-        return (b"0",)
-    return (len(values) + 1, idem, *values)
-
-
-def _flat(fields: dict[str, str]) -> list[str]:
-    return [x for pair in fields.items() for x in pair]
-
-
-def _enqueue_head(
-    prefix: str, keep: float, due: float | None, later: bool, job: Job
-) -> tuple[Any, ...]:
-    """The shared part of ``enqueue.lua``'s ARGV for jobs like ``job``."""
-    return (
-        prefix,
-        _ms(keep),
-        int(due * 1000) if due is not None and later else 0,
-        stamp(due) if later else "",
-        stamp(job.expires_at),
-        job.key or "",
-    )
-
-
-def enqueue_args(job: Job, due: float | None, now: float) -> list[Any]:
-    """A job's part of ``enqueue.lua``'s ARGV (and ``enqueue_unique.lua``'s tail): its data,
-    its due time in ms (0: now), then its record's run_at, task, attempts, enqueued_at,
-    expires_at, key and TTL."""
-    later = due is not None and due > now
-    keep = UNFINISHED_KEEP + (due - now if due is not None and later else 0.0)
-    return [
-        job.encode(),
-        int(due * 1000) if due is not None else 0,
-        stamp(due) if later else "",
-        job.task,
-        job.attempt - 1,
-        repr(job.enqueued_at),
-        stamp(job.expires_at),
-        job.key or "",
-        _ms(keep),
-    ]
 
 
 class RedisJobs:
@@ -103,7 +55,11 @@ class RedisJobs:
         #: ``enqueue.lua``'s keys and shared ARGV for the common job: level 0, due now, no
         #: key, no expiry (``_enqueue_head`` of such a job, made once).
         self._now_keys = (keys.stream, keys.delayed)
-        self._now_head = (self.prefix, _ms(UNFINISHED_KEEP), 0, "", "", "")
+        self._now_head = (self.prefix, ms(UNFINISHED_KEEP), 0, "", "", "")
+        #: The lone enqueue of a job due now: ``enqueue.lua``'s step in fewer arguments.
+        self.enqueue_one = scripts.load("enqueue_one")
+        self._one_keep = str(ms(UNFINISHED_KEEP)).encode()
+        self._record_prefix = keys.record("")  # + a job id: its record's key
         #: A lone enqueue is on its way on its own (``publish``).
         self._sending = False
         self.unique = scripts.load("enqueue_unique")
@@ -135,7 +91,7 @@ class RedisJobs:
         for start in range(0, len(jobs), ENQUEUE_CHUNK):
             chunk = jobs[start : start + ENQUEUE_CHUNK]
             # The jobs of one enqueue call share their task's expiry and level, have no key.
-            argv: list[Any] = [*_enqueue_head(self.prefix, keep, due, later, chunk[0])]
+            argv: list[Any] = [*enqueue_head(self.prefix, keep, due, later, chunk[0])]
             for job in chunk:
                 if (
                     job.expires_at != chunk[0].expires_at
@@ -150,8 +106,20 @@ class RedisJobs:
 
     async def _publish_one(self, job: Job, due: float | None) -> None:
         """One job: sent at once when no other lone enqueue is on its way (a direct call,
-        no batch to form), else through the batcher, merged with the single enqueues
-        queued meanwhile into one script call."""
+        no batch to form; ``enqueue_one.lua`` when it is due now and has no key), else
+        through the batcher, merged with the single enqueues queued meanwhile into one
+        ``enqueue.lua`` call."""
+        if not self._sending and due is None and job.key is None:
+            self._sending = True
+            try:
+                argv = [job.encode(), job.task, job.enqueued_at, self._one_keep]
+                if job.expires_at is not None:
+                    argv.append(stamp(job.expires_at))
+                stream = self.keys.stream_for(job.priority) if job.priority else self._now_keys[0]
+                await self.enqueue_one(self.client, [stream, self._record_prefix + job.id], argv)
+            finally:
+                self._sending = False
+            return
         if due is None and job.key is None and job.expires_at is None and not job.priority:
             keys, head = self._now_keys, self._now_head  # the common job
         else:
@@ -159,7 +127,7 @@ class RedisJobs:
             later = due is not None and due > now
             keep = UNFINISHED_KEEP + (due - now if due is not None and later else 0.0)
             keys = (self.keys.stream_for(job.priority), self.keys.delayed_for(job.priority))
-            head = _enqueue_head(self.prefix, keep, due, later, job)
+            head = enqueue_head(self.prefix, keep, due, later, job)
         item = (job.encode(), job.id, job.task, job.enqueued_at)
         if self._sending:
             await self.batcher.merged(self.enqueue, keys, head, (), item)
@@ -182,7 +150,7 @@ class RedisJobs:
                 keys.done(job.key),
                 keys.record(job.id),
             ],
-            [job.id, _ms(ttl), *enqueue_args(job, run_at, time.time())],
+            [job.id, ms(ttl), *enqueue_args(job, run_at, time.time())],
         )
 
     # -- settling --------------------------------------------------------------------------
@@ -218,8 +186,9 @@ class RedisJobs:
             if finish.note:
                 values += ("result_note", finish.note)
             if finish.failure is not None:
-                values += _flat(failure_fields(finish.failure))
+                values += flat(failure_fields(finish.failure))
         stream, entry_id = locate(self.keys, delivery)  # its level's stream
+        extra = ack_values(idem, values)  # most jobs: no key, result nor error
         ok = await self.batcher.merged(
             self._ack,
             (stream, self.keys.stats, self.keys.running),
@@ -228,12 +197,11 @@ class RedisJobs:
                 consumer,
                 self.prefix,
                 finish.state,
-                _ms(finish.keep_for),
-                _ms(record_ttl) if record_ttl > 0 else 0,
+                ms(finish.keep_for),
+                ms(record_ttl) if record_ttl > 0 else 0,
             ),
             (),
-            # most jobs: no key, result nor error, no values after their count
-            (entry_id, token, job.id if job is not None else "", *_ack_values(idem, values)),
+            (f"{len(extra)} {entry_id} {token} {job.id if job is not None else ''}", *extra),
         )
         return bool(ok)
 
@@ -270,8 +238,8 @@ class RedisJobs:
                 job.encode(),
                 consumer,
                 job.id,
-                _ms(keep),
-                *_flat(fields),
+                ms(keep),
+                *flat(fields),
             ],
         )
         return bool(ok)
@@ -295,7 +263,7 @@ class RedisJobs:
                 fields["worker"] = failure.worker or consumer
             fields.update(failure_fields(failure))
             fields.update(task=job.task, enqueued_at=repr(job.enqueued_at))
-            values = _flat(fields)
+            values = flat(fields)
         entry: list[Any] = [
             "j",
             delivery.data,
@@ -330,7 +298,7 @@ class RedisJobs:
                 self.dlq_limit,
                 consumer,
                 job_id,
-                _ms(keep_for),
+                ms(keep_for),
                 len(values),
                 *values,
                 *entry,
@@ -346,7 +314,7 @@ class RedisJobs:
         ok = await self._requeue(
             self.client,
             [stream, key, record, self.keys.running],
-            [GROUP, consumer, token, entry_id, job_id, _ms(UNFINISHED_KEEP)],
+            [GROUP, consumer, token, entry_id, job_id, ms(UNFINISHED_KEEP)],
         )
         return ok is not None
 
@@ -358,7 +326,7 @@ class RedisJobs:
         if not entries:
             return 0
         keys = [self.keys.dlq, self.keys.stream_for(levels[0])]
-        argv: list[Any] = [_ms(UNFINISHED_KEEP)]
+        argv: list[Any] = [ms(UNFINISHED_KEEP)]
         for entry_id, job in entries:
             keys.append(self.keys.record(job.id))
             argv += [
@@ -379,7 +347,7 @@ class RedisJobs:
         outcome = await self.batcher.script(
             self._cancel,
             [k.record(job_id), k.waiters(job_id), k.stats],
-            [job_id, _ms(keep_for), repr(time.time())],
+            [job_id, ms(keep_for), repr(time.time())],
         )
         text = outcome.decode() if isinstance(outcome, bytes) else str(outcome)
         return cast(CancelOutcome, text)

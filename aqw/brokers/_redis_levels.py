@@ -325,6 +325,8 @@ def held_by(deliveries: list[Delivery], consumer: str) -> list[Delivery]:
 
 def delivery_of_level(entry_id: Any, flat: list[Any], level: int) -> Delivery:
     """A delivery from ``fetch_levels.lua``'s reply: the entry's fields come as a flat list."""
+    if len(flat) == 2 and flat[0] == b"j":  # an entry aqw wrote: its one field, the job
+        return Delivery(id=text(entry_id), data=flat[1], level=level)
     d = delivery_of(entry_id, dict(zip(flat[::2], flat[1::2], strict=True)))
     d.level = level
     return d

@@ -3,6 +3,7 @@ deferral (``defer.lua``): the same job back in the delayed set, no attempt spent
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from typing import Any
@@ -15,28 +16,24 @@ from ..job import Job
 from ..lease import Lease
 from ..record import UNFINISHED_KEEP
 from ._flow import Limits, cap_wait, rate_wait
+from ._redis_argv import ms
 from ._redis_jobs import RedisJobs
 from ._redis_levels import locate
 from .base import Delivery
 
 
-def _ms(seconds: float) -> int:
-    return max(1, int(seconds * 1000))
-
-
-#: The flow-control part of ``job_start.lua``'s per-job ARGV for a job without limits.
-_NO_LIMITS = (b"0",)
-
-
-def _limit_args(limits: Limits | None) -> tuple[Any, ...]:
-    """A job's flow-control part of ``job_start.lua``'s per-job ARGV: the count of the values
-    that follow, then the values (none for a job without limits: fewer arguments to pack)."""
-    if limits is None:
-        return _NO_LIMITS
+def _limit_args(limits: Limits) -> tuple[Any, ...]:
+    """A job's limit values in ``job_start.lua``'s per-job ARGV (after its head, which
+    counts them)."""
     caps = [x for cap in limits.caps for x in cap]
     bucket = limits.bucket or ""
-    values = (bucket, limits.interval_us, limits.tolerance_us, len(limits.caps), *caps)
-    return (len(values), *values)
+    return (bucket, limits.interval_us, limits.tolerance_us, len(limits.caps), *caps)
+
+
+@functools.lru_cache(maxsize=64)
+def _start_head(prefix: str, worker: str, ttl_ms: int) -> tuple[Any, ...]:
+    """``job_start.lua``'s shared ARGV: the same for every job a worker starts with a TTL."""
+    return (prefix, worker, ms(UNFINISHED_KEEP), ttl_ms)
 
 
 def refusal(reply: Any) -> RateLimited | None:
@@ -67,14 +64,15 @@ class RedisJobLease:
         self._fence = ""  # the fencing token of the lease taken, once taken
 
     async def acquire(self, key: str, token: str, ttl_ms: int) -> int | None:
-        jobs, job = self._jobs, self._job
+        jobs, job, limits = self._jobs, self._job, self._limits
+        values = () if limits is None else _limit_args(limits)
         try:
             fence = await jobs.batcher.merged(
                 jobs.job_start,
                 (jobs.keys.fence,),
-                (jobs.prefix, self._worker, _ms(UNFINISHED_KEEP), ttl_ms),
+                _start_head(jobs.prefix, self._worker, ttl_ms),
                 (),
-                (job.id, token, job.attempt, *_limit_args(self._limits)),
+                (f"{len(values)} {token} {job.attempt} {job.id}", *values),
             )
         except Exception as exc:  # redis-py's ResponseError carries the script's error
             message = str(exc)
@@ -98,7 +96,7 @@ class RedisJobLease:
         renewed = await jobs.batcher.script(
             jobs.job_renew,
             [key, jobs.keys.record(self._job.id), *(jobs.keys.slots(c) for c in caps)],
-            [token, ttl_ms, self._fence, expires, _ms(UNFINISHED_KEEP)],
+            [token, ttl_ms, self._fence, expires, ms(UNFINISHED_KEEP)],
         )
         return bool(renewed)
 
@@ -130,7 +128,7 @@ async def defer(
             job.encode(),
             consumer,
             job.id,
-            _ms(keep),
+            ms(keep),
             repr(run_at),
             job.attempt - 1,
         ],

@@ -20,10 +20,12 @@
 -- KEYS[1] stream, KEYS[2] stats hash, KEYS[3] running index
 -- ARGV[1] group, ARGV[2] consumer, ARGV[3] key prefix (aqw:{q}:), ARGV[4] final state,
 --   ARGV[5] job record ttl in ms, ARGV[6] completion record ttl in ms (0: none), then per job:
---   entry id, lease token ('' for none), job id ('' when undecodable: no job record), the
---   count m of values that follow (0 for a job without an idempotency key, result or error:
---   most jobs pass four values), then m values: the idempotency key ('' for none) and the
---   record's field/value pairs
+--   its head, "<m> <entry id> <lease token> <job id>" (one value, so most jobs pass one: the
+--   client's cost of a call grows with the number of values), where the token is empty for
+--   none and the job id empty when the job is undecodable (no job record), and comes last (it
+--   may hold spaces); m is the count of values that follow (0 for a job without an
+--   idempotency key, result or error), then m values: the idempotency key ('' for none) and
+--   the record's field/value pairs
 -- Returns one reply per job: 1 when acknowledged, 0 when refused.
 local final = {succeeded = true, failed = true, dead = true, cancelled = true, expired = true}
 local prefix, state, keep, done_ttl = ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
@@ -47,58 +49,76 @@ local function wake(job)
 end
 local finished = nil
 local out = {}
+-- The entries acknowledged and the lease keys released: deleted together after the loop (no
+-- later job of the call reads them: a lease key is only ever released by its own token).
+local settled, released = {}, {}
 local counted = 0
-local a = 7
-while a <= #ARGV do
-  local entry, token, job = ARGV[a], ARGV[a + 1], ARGV[a + 2]
-  local m = tonumber(ARGV[a + 3])
-  local idem = m > 0 and ARGV[a + 4] or ''
-  local first = a + 5  -- the first field/value value, when m > 1
-  a = a + 4 + m
-  -- Without a lease (token ''), as before a lease was taken: the entry's ownership decides.
-  local lease = prefix .. 'lease:' .. ((token ~= '' and job ~= '') and job or '-')
-  local cur = redis.call('GET', lease)
-  if (cur and cur ~= token) or (not cur and not ours(entry))
-      or redis.call('XACK', KEYS[1], ARGV[1], entry) == 0 then
-    -- another holder owns the lease or the entry, or already settled the entry
-    out[#out + 1] = 0
-  else
-    redis.call('XDEL', KEYS[1], entry)
-    if cur then
-      redis.call('DEL', lease)
-    end
-    if done_ttl > 0 and idem ~= '' then
-      redis.call('SET', prefix .. 'done:' .. idem, job, 'PX', done_ttl)
-    end
-    local count = true
-    if job ~= '' then
-      local rec = prefix .. 'job:' .. job
-      local was = redis.pcall('HMGET', rec, 'state', 'waited', 'indexed')
-      if not was.err then
-        if was[1] and final[was[1]] then
-          count = false
-        else
-          if not finished then
-            local t = redis.call('TIME')
-            finished = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1e6)
+-- One protected call: whatever error stops it midway, the entries it acknowledged are
+-- still deleted from the stream.
+local function settle_all()
+  local a = 7
+  while a <= #ARGV do
+    local m, entry, token, job = string.match(ARGV[a], '^(%d+) (%S+) (%S*) (.*)$')
+    m = tonumber(m)
+    local idem = m > 0 and ARGV[a + 1] or ''
+    local first = a + 2  -- the first field/value value, when m > 1
+    a = a + 1 + m
+    -- Without a lease (token ''), as before a lease was taken: the entry's ownership decides.
+    local lease = prefix .. 'lease:' .. ((token ~= '' and job ~= '') and job or '-')
+    local cur = redis.call('GET', lease)
+    if (cur and cur ~= token) or (not cur and not ours(entry))
+        or redis.call('XACK', KEYS[1], ARGV[1], entry) == 0 then
+      -- another holder owns the lease or the entry, or already settled the entry
+      out[#out + 1] = 0
+    else
+      settled[#settled + 1] = entry
+      if cur then
+        released[#released + 1] = lease
+      end
+      if done_ttl > 0 and idem ~= '' then
+        redis.call('SET', prefix .. 'done:' .. idem, job, 'PX', done_ttl)
+      end
+      local count = true
+      if job ~= '' then
+        local rec = prefix .. 'job:' .. job
+        local was = redis.pcall('HMGET', rec, 'state', 'waited', 'indexed')
+        if not was.err then
+          if was[1] and final[was[1]] then
+            count = false
+          else
+            if not finished then
+              local t = redis.call('TIME')
+              finished = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1e6)
+            end
+            redis.call('HSET', rec, 'state', state, 'worker', ARGV[2], 'finished_at', finished,
+              unpack(ARGV, first, a - 1))
+            redis.call('PEXPIRE', rec, keep)
+            if was[2] then
+              wake(job)
+            end
           end
-          redis.call('HSET', rec, 'state', state, 'worker', ARGV[2], 'finished_at', finished,
-            unpack(ARGV, first, a - 1))
-          redis.call('PEXPIRE', rec, keep)
-          if was[2] then
-            wake(job)
+          if was[3] then
+            redis.call('ZREM', KEYS[3], job)
           end
-        end
-        if was[3] then
-          redis.call('ZREM', KEYS[3], job)
         end
       end
+      if count then
+        counted = counted + 1
+      end
+      out[#out + 1] = 1
     end
-    if count then
-      counted = counted + 1
-    end
-    out[#out + 1] = 1
   end
+end
+local ok, err = pcall(settle_all)
+-- in chunks: a call's values go on Lua's stack
+for i = 1, #settled, 1000 do
+  redis.call('XDEL', KEYS[1], unpack(settled, i, math.min(i + 999, #settled)))
+end
+for i = 1, #released, 1000 do
+  redis.call('DEL', unpack(released, i, math.min(i + 999, #released)))
+end
+if not ok then
+  error(err)
 end
 if counted > 0 then
   redis.call('HINCRBY', KEYS[2], state == 'succeeded' and 'processed' or state, counted)

@@ -28,7 +28,7 @@ for _, level in ipairs(members) do
     return {members}
   end
 end
-local out = {members}
+local out, n = {members}, 1
 local function read(i)
   local reply = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', left,
     'STREAMS', KEYS[i], '>')
@@ -38,9 +38,8 @@ local function read(i)
   -- Redis replies {{stream, entries}}; fakeredis 2.41 {stream, entries}.
   local entries = type(reply[1]) == 'table' and reply[1][2] or reply[2]
   for _, entry in ipairs(entries) do
-    out[#out + 1] = i
-    out[#out + 1] = entry[1]
-    out[#out + 1] = entry[2]
+    out[n + 1], out[n + 2], out[n + 3] = i, entry[1], entry[2]
+    n = n + 3
   end
   left = left - #entries
   return #entries

@@ -32,10 +32,11 @@
 -- it has run a while (job_progress.lua), so short jobs cost nothing there.
 -- KEYS[1] fencing counter
 -- ARGV[1] key prefix (aqw:{q}:), ARGV[2] worker, ARGV[3] record ttl in ms, ARGV[4] lease ttl
---   in ms, then per job: job id, lease token, attempt, the count m of limit values that follow
---   (0 for a job without limits: most jobs pass four values), then m values: rate bucket (''
---   for none), interval and burst tolerance in microseconds, number of caps n, then n pairs
---   (concurrency key, most holders)
+--   in ms, then per job: its head, "<m> <lease token> <attempt> <job id>" (one value, so a
+--   job without limits passes one value: the client's cost of a call grows with the number
+--   of values; the job id comes last and may hold spaces), where m is the count of limit
+--   values that follow, then m values: rate bucket ('' for none), interval and burst
+--   tolerance in microseconds, number of caps n, then n pairs (concurrency key, most holders)
 -- The counter is read once and written once (INCRBY of the tokens handed out), and the fields
 -- of an earlier wait or run are deleted only when the record has one: per job, the work is
 -- the few commands the job's own keys need.
@@ -48,7 +49,7 @@ local n = 0
 local a = 5
 while a <= #ARGV do
   n = n + 1
-  a = a + 4 + tonumber(ARGV[a + 3])
+  a = a + 1 + tonumber(string.match(ARGV[a], '^%d+'))
 end
 local value = redis.pcall('GET', KEYS[1])
 local damage = nil
@@ -104,19 +105,28 @@ local out = {}
 local function start_all()
   a = 5
   while a <= #ARGV do
-    local job, token, attempt = ARGV[a], ARGV[a + 1], ARGV[a + 2]
-    local bucket, interval, tolerance, ncaps, caps = '', 0, 0, 0, a + 4
-    if ARGV[a + 3] ~= '0' then
-      bucket, interval, tolerance = ARGV[a + 4], tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6])
-      ncaps, caps = tonumber(ARGV[a + 7]), a + 8
+    local m, token, attempt, job = string.match(ARGV[a], '^(%d+) (%S+) (%d+) (.*)$')
+    local bucket, interval, tolerance, ncaps, caps = '', 0, 0, 0, a + 1
+    if m ~= '0' then
+      bucket, interval, tolerance = ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+      ncaps, caps = tonumber(ARGV[a + 4]), a + 5
     end
-    a = a + 4 + tonumber(ARGV[a + 3])
+    a = a + 1 + tonumber(m)
     local lease, rec = prefix .. 'lease:' .. job, prefix .. 'job:' .. job
     local cur = redis.pcall('HMGET', rec, 'state', 'cancel', 'progress', 'message', 'run_at')
     local damaged = cur.err ~= nil
-    local held = redis.call('GET', lease)
+    local cancelled = not damaged and (cur[1] == 'cancelled' or cur[2] == '1')
+    local held, taken = false, false
+    if not cancelled and m == '0' then  -- no limit to check first: take a free lease now
+      taken = redis.call('SET', lease, token, 'NX', 'PX', ttl) ~= false
+      if not taken then  -- held: by whom (SET NX GET would need Redis 7)
+        held = redis.call('GET', lease)
+      end
+    elseif not cancelled then
+      held = redis.call('GET', lease)
+    end
     local refused = nil
-    if not damaged and (cur[1] == 'cancelled' or cur[2] == '1') then
+    if cancelled then
       out[#out + 1] = -1
     elseif held and held ~= token then
       out[#out + 1] = 0
@@ -145,7 +155,9 @@ local function start_all()
       if refused then
         out[#out + 1] = refused
       else
-        redis.call('SET', lease, token, 'PX', ttl)
+        if not taken then  -- a limited job, or a key this token already held: (re)take it
+          redis.call('SET', lease, token, 'PX', ttl)
+        end
         fenced = fenced + 1
         local fence = fenced
         if rate and not held then

@@ -16,6 +16,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ..._redis.client import make_client
 from ..._redis.keys import QueueKeys
 from ..._redis.scripts import Script
+from .._redis_argv import ms
 from ._errors import RecordsUnavailable
 
 T = TypeVar("T")
@@ -70,10 +71,6 @@ return 0
 )
 
 
-def _ms(seconds: float) -> int:
-    return max(1, int(seconds * 1000))
-
-
 class RedisKeyStore:
     """``KeyStore`` on a Redis server (the client is made on first use)."""
 
@@ -101,7 +98,7 @@ class RedisKeyStore:
 
     async def claim(self, queue: str, key: str, job_id: str, ttl: float) -> str | None:
         keys = QueueKeys(queue)
-        args: list[Any] = [job_id, _ms(ttl)]
+        args: list[Any] = [job_id, ms(ttl)]
         holder, taken = await self._run(
             lambda: _CLAIM(self.client, [keys.idempotency(key), keys.done(key)], args)
         )
@@ -111,7 +108,7 @@ class RedisKeyStore:
 
     async def confirm(self, queue: str, key: str, job_id: str, ttl: float) -> bool:
         keys = QueueKeys(queue)
-        args: list[Any] = [job_id, _ms(ttl)]
+        args: list[Any] = [job_id, ms(ttl)]
         kept = await self._run(
             lambda: _CONFIRM(self.client, [keys.idempotency(key), keys.done(key)], args)
         )
@@ -123,7 +120,7 @@ class RedisKeyStore:
 
     async def complete(self, queue: str, key: str, job_id: str, ttl: float) -> None:
         record = QueueKeys(queue).done(key)
-        await self._run(lambda: self.client.set(record, job_id, px=_ms(ttl)))
+        await self._run(lambda: self.client.set(record, job_id, px=ms(ttl)))
 
     async def is_completed(self, queue: str, key: str) -> bool:
         record = QueueKeys(queue).done(key)

@@ -1,0 +1,19 @@
+-- One job due now and its fresh record (aqw/record.py): the lean form of enqueue.lua for a
+-- lone enqueue without an idempotency key, fewer arguments for the common job. XADD it to
+-- its level's stream and write its record: queued, its task, enqueue time and expires_at
+-- when it has one, living for the given ttl.
+-- KEYS[1] the stream of the job's level, KEYS[2] the job's record (aqw:{q}:job:<id>)
+-- ARGV[1] job JSON, ARGV[2] task, ARGV[3] enqueued_at, ARGV[4] record ttl in ms,
+--   ARGV[5] expires_at (absent: none)
+-- Returns 1.
+redis.call('XADD', KEYS[1], '*', 'j', ARGV[1])
+redis.call('DEL', KEYS[2])
+if ARGV[5] then
+  redis.call('HSET', KEYS[2], 'state', 'queued', 'task', ARGV[2], 'attempts', '0',
+    'enqueued_at', ARGV[3], 'expires_at', ARGV[5])
+else
+  redis.call('HSET', KEYS[2], 'state', 'queued', 'task', ARGV[2], 'attempts', '0',
+    'enqueued_at', ARGV[3])
+end
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+return 1
