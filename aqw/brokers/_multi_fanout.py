@@ -10,6 +10,7 @@ from ..errors import UnknownJob
 from ..record import DEFAULT_KEEP_FOR, JobInfo
 from ._local_records import CancelOutcome
 from .base import Broker, QueueDepth
+from .messages import total_counters
 
 
 class FanOut:
@@ -103,17 +104,7 @@ class FanOut:
         return {name: await self.brokers[name].depth() for name in self.names}
 
     async def depth(self) -> QueueDepth:
-        parts = list((await self.depths()).values())
-        return QueueDepth(
-            sum(d.waiting for d in parts),
-            sum(d.in_flight for d in parts),
-            sum(d.delayed for d in parts),
-            sum(d.dead for d in parts),
-        )
+        return QueueDepth.total((await self.depths()).values())
 
     async def stats(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for broker in self.queue_brokers():
-            for name, value in (await broker.stats()).items():
-                out[name] = out.get(name, 0) + value
-        return out
+        return total_counters([await broker.stats() for broker in self.queue_brokers()])

@@ -13,26 +13,8 @@ from .._redis.cluster import gather_on
 from ._partitions import named, partition_of_route, split_name
 from ._redis_records import dead_job_of
 from ._views import DelayedJob, DepthSample
-from .base import DeadJob, QueueDepth
+from .base import DeadJob
 from .redis import RedisBroker
-
-
-def summed_depth(depths: Iterable[QueueDepth]) -> QueueDepth:
-    parts = list(depths)
-    return QueueDepth(
-        sum(d.waiting for d in parts),
-        sum(d.in_flight for d in parts),
-        sum(d.delayed for d in parts),
-        sum(d.dead for d in parts),
-    )
-
-
-def summed_counters(each: Iterable[dict[str, int]]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for counters in each:
-        for name, value in counters.items():
-            out[name] = out.get(name, 0) + value
-    return out
 
 
 def summed_history(each: Iterable[list[DepthSample]]) -> list[DepthSample]:

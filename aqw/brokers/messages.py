@@ -3,6 +3,7 @@ dead-letter entries. Plain values, shared by every broker and the runtime."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,26 @@ class QueueDepth:
 
     def as_dict(self) -> dict[str, int]:
         return {n: getattr(self, n) for n in ("waiting", "in_flight", "delayed", "dead")}
+
+    @classmethod
+    def total(cls, depths: Iterable[QueueDepth]) -> QueueDepth:
+        """The depths of several queues (or partitions) added up."""
+        parts = list(depths)
+        return cls(
+            sum(d.waiting for d in parts),
+            sum(d.in_flight for d in parts),
+            sum(d.delayed for d in parts),
+            sum(d.dead for d in parts),
+        )
+
+
+def total_counters(each: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Several brokers' counters (``Broker.stats``) added up, name by name."""
+    out: dict[str, int] = {}
+    for counters in each:
+        for name, value in counters.items():
+            out[name] = out.get(name, 0) + value
+    return out
 
 
 @dataclass(slots=True, frozen=True)

@@ -41,14 +41,13 @@ from ._partition_reads import (
     holder_of,
     merged_delayed,
     merged_dlq,
-    summed_counters,
-    summed_depth,
     summed_history,
 )
 from ._partitions import Turns, check_partitions, named, partition_of_route, split_name
 from ._schedule_marks import ScheduleMark
 from ._views import DelayedJob, DepthSample
 from .base import Broker, DeadJob, Delivery, Failure, Finish, QueueDepth
+from .messages import total_counters
 from .redis import RedisBroker
 
 __all__ = ["PartitionedBroker"]
@@ -358,10 +357,10 @@ class PartitionedBroker(Broker):
         return await self._each(lambda part: part.depth())
 
     async def depth(self) -> QueueDepth:
-        return summed_depth(await self.depths())
+        return QueueDepth.total(await self.depths())
 
     async def stats(self) -> dict[str, int]:
-        return summed_counters(await self._each(lambda part: part.stats()))
+        return total_counters(await self._each(lambda part: part.stats()))
 
     async def sample_depth(self, at: float) -> None:
         await self._each(lambda part: part.sample_depth(at))
