@@ -1,5 +1,5 @@
-"""What a partitioned queue (``partitioned.py``) reads over all of its partitions: depth,
-counters and depth history summed, the delayed page and the DLQ merged in order, DLQ entry
+"""What a partitioned queue (``partitioned.py``) reads over all of its partitions: the
+depth history summed, the delayed page and the DLQ merged in order, DLQ entry
 ids that name their partition (``<ms>-<seq>~p<N>``: the same entry id can be in two
 streams), and the partition holding a job's record."""
 
