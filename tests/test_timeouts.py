@@ -90,6 +90,10 @@ async def test_200_jobs_awaiting_redis_past_a_20ms_timeout_are_never_acked(
         await r.rpush(finished_key, n)
 
     await spin.enqueue_many(list(range(JOBS)))
+    # One warm connection per slot: a command cancelled by the timeout drops its connection,
+    # and 50 handlers opening fresh ones at once could all spend their 20 ms connecting, wave
+    # after wave, so that no INCR ever completed and the checks below would prove nothing.
+    await asyncio.gather(*(r.ping() for _ in range(50)))
     worker = app.worker(concurrency=50)
     await worker.start()
     try:
