@@ -250,18 +250,7 @@ def micro(tree: Path, variant: str, jobs: int, rounds: int, batch: int) -> dict[
     jobs -= jobs % batch
     args = [str(jobs), str(rounds), str(batch), root]
     args += ["none" if ratio is None else str(ratio), "1" if metering else "0"]
-    out = subprocess.run(
-        [sys.executable, "-P", "-c", MICRO, *args],
-        env={**os.environ, "PYTHONPATH": root},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    if out.returncode != 0:
-        raise SystemExit(f"{tree} {variant}: exit {out.returncode}\n{out.stderr[-2000:]}")
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
+    return run_child(MICRO, args, root, f"{tree} {variant}")
 
 
 def main_micro(args: argparse.Namespace, trees: dict[str, Path], variants: list[str]) -> None:
@@ -288,24 +277,30 @@ def main_micro(args: argparse.Namespace, trees: dict[str, Path], variants: list[
     print(f"wrote {out}")
 
 
-def trial(tree: Path, variant: str, jobs: int, concurrency: int) -> dict[str, Any]:
-    ratio, metering = VARIANTS[variant]
-    root = str(tree.resolve())
-    env = {**os.environ, "PYTHONPATH": root}
-    args = [str(jobs), str(concurrency), URL, root, variant]
-    args += ["none" if ratio is None else str(ratio), "1" if metering else "0"]
-    # -P: `python -c` would put the current directory first on sys.path (the checkout).
+def run_child(code: str, args: list[str], root: str, what: str) -> dict[str, Any]:
+    """Run ``code`` (a trial script) on the aqw of tree ``root``; its last printed line, as
+    JSON. ``-P``: ``python -c`` would put the current directory (the checkout) first on
+    sys.path."""
     out = subprocess.run(
-        [sys.executable, "-P", "-c", TRIAL, *args],
-        env=env,
+        [sys.executable, "-P", "-c", code, *args],
+        env={**os.environ, "PYTHONPATH": root},
         capture_output=True,
         text=True,
         timeout=600,
         check=False,
     )
     if out.returncode != 0:
-        raise SystemExit(f"{tree} {variant}: exit {out.returncode}\n{out.stderr[-2000:]}")
+        raise SystemExit(f"{what}: exit {out.returncode}\n{out.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def trial(tree: Path, variant: str, jobs: int, concurrency: int) -> dict[str, Any]:
+    ratio, metering = VARIANTS[variant]
+    root = str(tree.resolve())
+    args = [str(jobs), str(concurrency), URL, root, variant]
+    args += ["none" if ratio is None else str(ratio), "1" if metering else "0"]
+    result = run_child(TRIAL, args, root, f"{tree} {variant}")
     if result["processed"] != jobs:
         raise SystemExit(f"{tree} {variant}: processed {result['processed']} of {jobs} jobs")
     if result["durations_recorded"] not in (None, jobs):
