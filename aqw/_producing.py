@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from ._arguments import check_sizes, debounce_headers, enqueue_times, priority_of
 from .brokers import Broker, PartitionedBroker
-from .brokers._partitions import route_key
+from .brokers.redis import route_key
 from .errors import ConfigError
 from .job import Job
 from .task import GROUP_HEADER, Enqueued, Task

@@ -15,8 +15,8 @@ from ._queue_telemetry import QueueTelemetry
 from ._redis.keys import validate_queue_name
 from ._registration import TaskSettings, task_options
 from .brokers import Broker, broker_for_queue, from_url, with_partitions
-from .brokers._partitions import check_partitions
 from .brokers.multi import check_queue
+from .brokers.redis import check_partitions
 from .cache import Cache
 from .dlq import DeadLetters
 from .errors import ConfigError, UnknownTask

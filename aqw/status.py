@@ -32,8 +32,7 @@ from ._damage import shown, split_heartbeats, to_float, to_int
 from ._redis.lease import RedisLeaseBackend
 from ._text import printable
 from .brokers.base import Broker
-from .brokers.partitioned import PartitionedBroker
-from .brokers.redis import RedisBroker
+from .brokers.redis import PartitionedBroker, RedisBroker
 from .monitor import format_age as _age
 from .monitor import is_monitor_heartbeat
 from .record import JobInfo

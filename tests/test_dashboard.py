@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 import aqw
 from aqw._version import __version__
-from aqw.brokers._views import DEPTH_BUCKET, DEPTH_KEEP
+from aqw.brokers.local.history import DEPTH_BUCKET, DEPTH_KEEP
 from aqw.brokers.redis import RedisBroker
 from aqw.dashboard import create_app
 from aqw.dashboard._queries import PAGE

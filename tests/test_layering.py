@@ -72,12 +72,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 #: covers everything under it).
 REDIS_ALLOWED = (
     "_redis/",
-    "brokers/redis.py",
-    "brokers/_redis_status.py",  # the Redis broker's status records, split from redis.py
-    "brokers/_redis_jobs.py",  # the Redis broker's job steps (scripts), split from redis.py
-    "brokers/_redis_schedule.py",  # the Redis broker's schedule marks (periodic tasks)
-    "brokers/_redis_views.py",  # the Redis broker's depth history and delayed page
-    "brokers/partitioned.py",  # one queue over several Redis streams
+    "brokers/redis/",  # the Redis family: its brokers, parts and script callers
     "brokers/sqs/_keys_redis.py",  # SQS idempotency-key records in Redis (``records=``)
     "cache.py",
     "redlock.py",
@@ -537,8 +532,8 @@ CLEAN = {
         "from .base import Broker\ndef from_url() -> None:\n    from .sqs import SQSBroker\n"
     ),
     "brokers/base.py": "from ..lease import Lease\nclass Broker: ...\n",
-    "brokers/redis.py": (
-        "import redis\nfrom redis.asyncio import Redis\nfrom .._redis import keys\n"
+    "brokers/redis/__init__.py": (
+        "import redis\nfrom redis.asyncio import Redis\nfrom ..._redis import keys\n"
     ),
     "brokers/sqs/__init__.py": "from .broker import SQSBroker\n",
     "brokers/sqs/broker.py": "import aioboto3\nfrom ._base import SQSBase\nclass SQSBroker: ...\n",

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 import aqw
-from aqw.brokers import _local_records as lr
-from aqw.brokers._local_records import (
+from aqw.brokers.local import records as lr
+from aqw.brokers.local.records import (
     LEASE_GRACE,
     LocalRecords,
     LocalStartGuard,

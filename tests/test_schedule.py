@@ -20,7 +20,7 @@ from _worker_script import ledger_key
 from redis.asyncio import Redis
 
 import aqw
-from aqw.brokers._schedule_marks import ScheduleMark
+from aqw.brokers.local.marks import ScheduleMark
 from aqw.schedule import tick_iso, tick_key
 from aqw.worker._scheduler import Scheduler
 

@@ -44,6 +44,12 @@ class Script:
         return f"Script({self.name!r}, sha={self.sha[:8]})"
 
 
+def ms(seconds: float) -> int:
+    """``seconds`` in whole milliseconds, at least 1 (a PX of 0 is an error): how scripts
+    take durations."""
+    return max(1, int(seconds * 1000))
+
+
 @cache
 def load(name: str) -> Script:
     """The script ``aqw/_redis/lua/<name>.lua``, read once per process."""

@@ -6,14 +6,12 @@ from urllib.parse import urlsplit
 
 from .._redis.client import split_option
 from ..errors import ConfigError
-from ._local_records import CancelOutcome
-from ._partitions import check_partitions
-from ._schedule_marks import ScheduleMark
 from .base import Broker, DeadJob, Delivery, Failure, Finish, QueueDepth
+from .local.marks import ScheduleMark
+from .local.records import CancelOutcome
 from .memory import MemoryBroker
 from .multi import MultiBroker, sqs_url_for
-from .partitioned import PartitionedBroker
-from .redis import RedisBroker, split_queue
+from .redis import PartitionedBroker, RedisBroker, check_partitions, split_queue
 
 __all__ = [
     "Broker",

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..job import Job
-from ._local_records import LocalRecords
+from .local.records import LocalRecords
 
 #: The header that marks a debounced job (value ``"1"``). Its key is a debounce key, not an
 #: idempotency key: it has no completion record, and at start a debounced job waits while

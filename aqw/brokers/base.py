@@ -16,11 +16,11 @@ from ..lease import Lease, LeaseBackend
 from ..record import DEFAULT_KEEP_FOR, JobInfo
 from ._debounce import DebouncedPublish
 from ._flow import FlowSteps
-from ._levels import PriorityShare
-from ._local_records import CancelOutcome, LocalRecords, LocalStartGuard
-from ._local_status import LocalStatus
-from ._schedule_marks import ScheduleMarks
-from ._views import BrokerViews
+from .local.history import BrokerViews
+from .local.marks import ScheduleMarks
+from .local.priorities import PriorityShare
+from .local.records import CancelOutcome, LocalRecords, LocalStartGuard
+from .local.status import LocalStatus
 from .messages import DeadJob, Delivery, Failure, Finish, QueueDepth, failure_fields
 
 __all__ = [

@@ -14,8 +14,7 @@ from typing import Any, Protocol
 from .._damage import split_heartbeats, to_float, to_int
 from ..brokers import CancelOutcome
 from ..brokers.base import Broker, DeadJob
-from ..brokers.partitioned import PartitionedBroker
-from ..brokers.redis import RedisBroker
+from ..brokers.redis import PartitionedBroker, RedisBroker
 from ..dlq import DeadLetters
 from ..job import Job
 from ..monitor import is_monitor_heartbeat

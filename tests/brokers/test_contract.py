@@ -36,8 +36,7 @@ from conftest import open_backend
 import aqw
 from aqw.brokers.base import Broker, Delivery, Failure, Finish
 from aqw.brokers.memory import MemoryBroker
-from aqw.brokers.partitioned import PartitionedBroker
-from aqw.brokers.redis import RedisBroker
+from aqw.brokers.redis import PartitionedBroker, RedisBroker
 from aqw.lease import Lease
 from aqw.record import JobError, JobInfo
 from tests._helpers import eventually

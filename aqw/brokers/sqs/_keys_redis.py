@@ -15,8 +15,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..._redis.client import make_client
 from ..._redis.keys import QueueKeys
-from ..._redis.scripts import Script
-from .._redis_argv import ms
+from ..._redis.scripts import Script, ms
 from ._errors import RecordsUnavailable
 
 T = TypeVar("T")

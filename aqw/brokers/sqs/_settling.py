@@ -10,8 +10,8 @@ import time
 
 from ...job import Job
 from ...lease import Lease
-from .._local_records import LocalRecords
 from ..base import Delivery, Failure, Finish, failure_fields
+from ..local.records import LocalRecords
 from ._connection import Connection
 from ._dead_letters import DeadLetters
 from ._held import HeldMessages

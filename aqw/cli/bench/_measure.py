@@ -13,8 +13,7 @@ from urllib.parse import urlsplit
 
 from ...brokers import Broker, from_url
 from ...brokers.memory import delete_memory_queue
-from ...brokers.partitioned import PartitionedBroker
-from ...brokers.redis import RedisBroker
+from ...brokers.redis import PartitionedBroker, RedisBroker
 from ._worker import Children, InProcess, Result, target
 
 PRELOAD_BATCH = 500

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from .._redis.keys import validate_queue_name
-from ..errors import ConfigError
+from ..._redis.keys import validate_queue_name
+from ...errors import ConfigError
 
 
 def check_queue(name: object, what: str = "queue") -> str:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
-from .._redis.keys import QueueKeys
-from .._redis.scripts import Script
-from ._redis_records import text
-from ._schedule_marks import ScheduleMark
+from ..._redis.keys import QueueKeys
+from ..._redis.scripts import Script
+from ..local.marks import ScheduleMark
+from ._entries import text
 
 #: KEYS[1] the marks hash; ARGV[1] task, ARGV[2] tick, ARGV[3] the encoded mark. Writes the
 #: mark unless a later tick is recorded; 1 when written.

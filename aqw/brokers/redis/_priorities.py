@@ -20,14 +20,14 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from .._damage import to_int
-from .._redis import scripts
-from .._redis.batch import CommandBatcher
-from .._redis.client import CLIENT_ERRORS
-from .._redis.keys import GROUP, QueueKeys
-from ..job import MAX_PRIORITY, Job
-from ._redis_records import decode_job, delivery_of, text
-from .base import Delivery, QueueDepth
+from ..._damage import to_int
+from ..._redis import scripts
+from ..._redis.batch import CommandBatcher
+from ..._redis.client import CLIENT_ERRORS
+from ..._redis.keys import GROUP, QueueKeys
+from ...job import MAX_PRIORITY, Job
+from ..base import Delivery, QueueDepth
+from ._entries import decode_job, delivery_of, text
 
 T = TypeVar("T")
 

@@ -14,18 +14,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..job import Job
-from ..lease import Lease, LeaseBackend
-from ..record import DEFAULT_KEEP_FOR
-from ._debounce import LocalDebounce, LocalDebouncedPublish, completion_key
-from ._flow import Limits
-from ._levels import LevelFifos
-from ._local_limits import LimitedStart, LocalLimiter
-from ._local_records import LocalRecords
-from ._local_status import LocalStatus
-from ._memory_leases import MemoryLeaseBackend as MemoryLeaseBackend  # re-exported
-from ._views import DepthSamples, LocalViews
-from .base import Broker, DeadJob, Delivery, Failure, Finish, QueueDepth, failure_fields
+from ...job import Job
+from ...lease import Lease, LeaseBackend
+from ...record import DEFAULT_KEEP_FOR
+from .._debounce import LocalDebounce, LocalDebouncedPublish, completion_key
+from .._flow import Limits
+from ..base import Broker, DeadJob, Delivery, Failure, Finish, QueueDepth, failure_fields
+from ..local.history import DepthSamples, LocalViews
+from ..local.leases import MemoryLeaseBackend as MemoryLeaseBackend  # re-exported
+from ..local.limits import LimitedStart, LocalLimiter
+from ..local.priorities import LevelFifos
+from ..local.records import LocalRecords
+from ..local.status import LocalStatus
 
 
 @dataclass

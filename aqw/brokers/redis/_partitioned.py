@@ -24,16 +24,21 @@ from typing import Any, TypeVar
 
 from redis.asyncio import Redis
 
-from .._ids import new_job_id
-from .._redis.client import make_client
-from .._redis.cluster import gather_on
-from .._redis.keys import queue_fence_of
-from .._redis.lease import RedisLeaseBackend
-from ..job import Job
-from ..lease import Lease, LeaseBackend
-from ..record import DEFAULT_KEEP_FOR, JobInfo
-from ._flow import Limits
-from ._local_records import CancelOutcome
+from ..._ids import new_job_id
+from ..._redis.client import make_client
+from ..._redis.cluster import gather_on
+from ..._redis.keys import queue_fence_of
+from ..._redis.lease import RedisLeaseBackend
+from ...job import Job
+from ...lease import Lease, LeaseBackend
+from ...record import DEFAULT_KEEP_FOR, JobInfo
+from .._flow import Limits
+from ..base import Broker, DeadJob, Delivery, Failure, Finish, QueueDepth
+from ..local.history import DelayedJob, DepthSample
+from ..local.marks import ScheduleMark
+from ..local.records import CancelOutcome
+from ..messages import total_counters
+from ._broker import RedisBroker
 from ._partition_fetch import PartitionReader
 from ._partition_reads import (
     by_partition,
@@ -44,11 +49,6 @@ from ._partition_reads import (
     summed_history,
 )
 from ._partitions import Turns, check_partitions, named, partition_of_route, split_name
-from ._schedule_marks import ScheduleMark
-from ._views import DelayedJob, DepthSample
-from .base import Broker, DeadJob, Delivery, Failure, Finish, QueueDepth
-from .messages import total_counters
-from .redis import RedisBroker
 
 __all__ = ["PartitionedBroker"]
 

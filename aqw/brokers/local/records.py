@@ -18,10 +18,10 @@ import time
 from collections.abc import Mapping
 from typing import Literal
 
-from ..errors import JobCancelled, UnknownJob
-from ..job import Job
-from ..lease import LeaseBackend
-from ..record import FINAL_STATES, UNFINISHED_KEEP, JobInfo, stamp
+from ...errors import JobCancelled, UnknownJob
+from ...job import Job
+from ...lease import LeaseBackend
+from ...record import FINAL_STATES, UNFINISHED_KEEP, JobInfo, stamp
 
 CancelOutcome = Literal["cancelled", "cancelling", "finished", "unknown"]
 

@@ -13,12 +13,12 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from .._redis.client import CLIENT_ERRORS, MAX_BLOCK
-from .._redis.cluster import is_cluster
-from .._redis.keys import GROUP
-from ._redis_records import delivery_of, text
-from .base import Broker, Delivery
-from .redis import RedisBroker
+from ..._redis.client import CLIENT_ERRORS, MAX_BLOCK
+from ..._redis.cluster import is_cluster
+from ..._redis.keys import GROUP
+from ..base import Broker, Delivery
+from ._broker import RedisBroker
+from ._entries import delivery_of, text
 
 
 def can_wait_together(brokers: Sequence[Broker]) -> bool:

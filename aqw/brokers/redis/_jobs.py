@@ -15,18 +15,19 @@ from typing import Any, cast
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from .._redis import scripts
-from .._redis.batch import CommandBatcher
-from .._redis.keys import GROUP, QueueKeys
-from .._redis.lease import RedisLeaseBackend
-from ..job import Job
-from ..lease import Lease
-from ..record import UNFINISHED_KEEP, stamp
-from ._debounce import completion_key
-from ._local_records import CancelOutcome
-from ._redis_argv import ack_values, enqueue_args, enqueue_head, flat, ms
-from ._redis_levels import locate
-from .base import Delivery, Failure, Finish, failure_fields
+from ..._redis import scripts
+from ..._redis.batch import CommandBatcher
+from ..._redis.keys import GROUP, QueueKeys
+from ..._redis.lease import RedisLeaseBackend
+from ..._redis.scripts import ms
+from ...job import Job
+from ...lease import Lease
+from ...record import UNFINISHED_KEEP, stamp
+from .._debounce import completion_key
+from ..base import Delivery, Failure, Finish, failure_fields
+from ..local.records import CancelOutcome
+from ._argv import ack_values, enqueue_args, enqueue_head, flat
+from ._priorities import locate
 
 #: Most jobs one enqueue script call takes (``publish`` and ``schedule`` of more: one call
 #: per chunk, sent together).

@@ -10,12 +10,19 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from .._redis import scripts
-from .._redis.batch import CommandBatcher
-from .._redis.keys import GROUP, QueueKeys
-from ._redis_levels import RedisLevels
-from ._redis_records import text
-from ._views import DEPTH_KEEP, DEPTH_SAMPLES, BrokerViews, DelayedJob, DepthSample, bucket_of
+from ..._redis import scripts
+from ..._redis.batch import CommandBatcher
+from ..._redis.keys import GROUP, QueueKeys
+from ..local.history import (
+    DEPTH_KEEP,
+    DEPTH_SAMPLES,
+    BrokerViews,
+    DelayedJob,
+    DepthSample,
+    bucket_of,
+)
+from ._entries import text
+from ._priorities import RedisLevels
 
 
 class RedisViews(BrokerViews):

@@ -21,29 +21,29 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
-from .._redis import scripts as _scripts
-from .._redis.batch import CommandBatcher
-from .._redis.client import MAX_BLOCK, describe_broker, make_client, split_queue
-from .._redis.cluster import CLUSTER_TRANSIENT_ERRORS
-from .._redis.keys import GROUP, QueueKeys
-from .._redis.lease import RedisLeaseBackend
-from .._redis.waiters import JobWaiters
-from ..job import Job
-from ..lease import Lease, LeaseBackend
-from ..record import DEFAULT_KEEP_FOR, JobInfo
-from ._debounce import completion_key
-from ._flow import Limits
-from ._local_records import CancelOutcome
-from ._redis_debounce import RedisDebouncedPublish
-from ._redis_jobs import RedisJobs
-from ._redis_levels import RedisLevels, locate
-from ._redis_records import dead_job_of, text
-from ._redis_schedule import RedisSchedule
-from ._redis_start import RedisJobLease, defer
-from ._redis_status import RedisStatus
-from ._redis_views import RedisViews
-from ._schedule_marks import ScheduleMark
-from .base import Broker, DeadJob, Delivery, Failure, Finish, QueueDepth
+from ..._redis import scripts as _scripts
+from ..._redis.batch import CommandBatcher
+from ..._redis.client import MAX_BLOCK, describe_broker, make_client, split_queue
+from ..._redis.cluster import CLUSTER_TRANSIENT_ERRORS
+from ..._redis.keys import GROUP, QueueKeys
+from ..._redis.lease import RedisLeaseBackend
+from ..._redis.waiters import JobWaiters
+from ...job import Job
+from ...lease import Lease, LeaseBackend
+from ...record import DEFAULT_KEEP_FOR, JobInfo
+from .._debounce import completion_key
+from .._flow import Limits
+from ..base import Broker, DeadJob, Delivery, Failure, Finish, QueueDepth
+from ..local.marks import ScheduleMark
+from ..local.records import CancelOutcome
+from ._debounce import RedisDebouncedPublish
+from ._entries import dead_job_of, text
+from ._history import RedisViews
+from ._job_start import RedisJobLease, defer
+from ._jobs import RedisJobs
+from ._marks import RedisSchedule
+from ._priorities import RedisLevels, locate
+from ._status import RedisStatus
 
 __all__ = ["MAX_BLOCK", "RedisBroker", "make_client", "split_queue"]
 

@@ -12,7 +12,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from .._damage import (
+from ..._damage import (
     check_job_state,
     damaged_heartbeat,
     heartbeat_damage,
@@ -20,12 +20,12 @@ from .._damage import (
     shown,
     to_int,
 )
-from .._redis import scripts
-from .._redis.batch import CommandBatcher
-from .._redis.keys import QueueKeys
-from ..record import STATES, UNFINISHED_KEEP
-from ._local_records import RUNNING_FIELDS
-from ._redis_records import text
+from ..._redis import scripts
+from ..._redis.batch import CommandBatcher
+from ..._redis.keys import QueueKeys
+from ...record import STATES, UNFINISHED_KEEP
+from ..local.records import RUNNING_FIELDS
+from ._entries import text
 
 #: Most ids of the running index one ``job_states`` call looks at.
 SCAN_LIMIT = 10_000

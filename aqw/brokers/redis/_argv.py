@@ -6,13 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..job import Job
-from ..record import UNFINISHED_KEEP, stamp
-
-
-def ms(seconds: float) -> int:
-    """``seconds`` in whole milliseconds, at least 1 (a PX of 0 is an error)."""
-    return max(1, int(seconds * 1000))
+from ..._redis.scripts import ms
+from ...job import Job
+from ...record import UNFINISHED_KEEP, stamp
 
 
 def ack_values(idem: str, values: list[str]) -> tuple[str, ...]:

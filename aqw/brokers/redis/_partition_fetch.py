@@ -14,12 +14,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from .._redis.cluster import gather_on, is_cluster
-from ..job import Job
+from ..._redis.cluster import gather_on, is_cluster
+from ...job import Job
+from ..base import Delivery
+from ._broker import RedisBroker
 from ._partitions import named
-from ._redis_wait import wait_together
-from .base import Delivery
-from .redis import RedisBroker
+from ._wait import wait_together
 
 #: Seconds of each partition's turn to block while every partition is empty, on a cluster.
 CLUSTER_WAIT_SLICE = 0.02

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator
 
-from ..errors import ConfigError
-from ..job import Job
+from ...errors import ConfigError
+from ...job import Job
 
 #: The default share of fetches that start from the lowest waiting level.
 DEFAULT_PRIORITY_SHARE = 0.05

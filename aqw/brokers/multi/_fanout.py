@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import UnknownJob
-from ..record import DEFAULT_KEEP_FOR, JobInfo
-from ._local_records import CancelOutcome
-from .base import Broker, QueueDepth
-from .messages import total_counters
+from ...errors import UnknownJob
+from ...record import DEFAULT_KEEP_FOR, JobInfo
+from ..base import Broker, QueueDepth
+from ..local.records import CancelOutcome
+from ..messages import total_counters
 
 
 class FanOut:

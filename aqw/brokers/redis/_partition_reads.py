@@ -9,12 +9,12 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .._redis.cluster import gather_on
+from ..._redis.cluster import gather_on
+from ..base import DeadJob
+from ..local.history import DelayedJob, DepthSample
+from ._broker import RedisBroker
+from ._entries import dead_job_of
 from ._partitions import named, partition_of_route, split_name
-from ._redis_records import dead_job_of
-from ._views import DelayedJob, DepthSample
-from .base import DeadJob
-from .redis import RedisBroker
 
 
 def summed_history(each: Iterable[list[DepthSample]]) -> list[DepthSample]:

@@ -8,13 +8,13 @@ import json
 import time
 from typing import Any
 
-from .._redis import scripts
-from .._redis.batch import CommandBatcher
-from .._redis.keys import QueueKeys
-from ..job import Job
-from ..record import UNFINISHED_KEEP, stamp
-from ._debounce import DEBOUNCE_SLACK, DebouncedPublish
-from ._redis_argv import ms
+from ..._redis import scripts
+from ..._redis.batch import CommandBatcher
+from ..._redis.keys import QueueKeys
+from ..._redis.scripts import ms
+from ...job import Job
+from ...record import UNFINISHED_KEEP, stamp
+from .._debounce import DEBOUNCE_SLACK, DebouncedPublish
 
 
 def split_at_id(job: Job) -> tuple[bytes, bytes]:

@@ -16,8 +16,8 @@ import os
 import zlib
 from typing import Any
 
-from ..errors import ConfigError
-from ._flow import FlowControl, key_text
+from ...errors import ConfigError
+from .._flow import FlowControl, key_text
 
 #: Between an id and the partition it names.
 MARK = "~p"

@@ -8,18 +8,18 @@ import random
 import time
 from typing import Any
 
-from .._redis import scripts
-from .._redis.keys import GROUP
-from .._redis.lease import RedisLeaseBackend
-from ..errors import FenceCorrupted, JobCancelled, RateLimited
-from ..job import Job
-from ..lease import Lease
-from ..record import UNFINISHED_KEEP
-from ._flow import Limits, cap_wait, rate_wait
-from ._redis_argv import ms
-from ._redis_jobs import RedisJobs
-from ._redis_levels import locate
-from .base import Delivery
+from ..._redis import scripts
+from ..._redis.keys import GROUP
+from ..._redis.lease import RedisLeaseBackend
+from ..._redis.scripts import ms
+from ...errors import FenceCorrupted, JobCancelled, RateLimited
+from ...job import Job
+from ...lease import Lease
+from ...record import UNFINISHED_KEEP
+from .._flow import Limits, cap_wait, rate_wait
+from ..base import Delivery
+from ._jobs import RedisJobs
+from ._priorities import locate
 
 
 def _limit_args(limits: Limits) -> tuple[Any, ...]:

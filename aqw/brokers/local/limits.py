@@ -8,9 +8,9 @@ import random
 import time
 from collections.abc import Callable
 
-from ..errors import RateLimited
-from ..lease import LeaseBackend
-from ._flow import Limits, cap_wait, rate_wait
+from ...errors import RateLimited
+from ...lease import LeaseBackend
+from .._flow import Limits, cap_wait, rate_wait
 
 
 class _Bucket:

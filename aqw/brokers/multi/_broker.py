@@ -22,18 +22,17 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from ..errors import ConfigError
-from ..job import Job
-from ..lease import Lease, LeaseBackend
-from ..record import DEFAULT_KEEP_FOR
-from ._flow import Limits
-from ._multi_fanout import FanOut
-from ._queue_plan import QueuePlan, check_queue, queue_plan, sqs_url_for
-from ._redis_wait import can_wait_together, wait_together
-from ._schedule_marks import ScheduleMark
-from ._views import DelayedJob, DepthSample
-from .base import Broker, DeadJob, Delivery, Failure, Finish
-from .redis import RedisBroker
+from ...errors import ConfigError
+from ...job import Job
+from ...lease import Lease, LeaseBackend
+from ...record import DEFAULT_KEEP_FOR
+from .._flow import Limits
+from ..base import Broker, DeadJob, Delivery, Failure, Finish
+from ..local.history import DelayedJob, DepthSample
+from ..local.marks import ScheduleMark
+from ..redis import RedisBroker, can_wait_together, wait_together
+from ._fanout import FanOut
+from ._plan import QueuePlan, check_queue, queue_plan, sqs_url_for
 
 __all__ = [
     "QUEUE_ATTRIBUTE",
