@@ -6,8 +6,8 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from .brokers._debounce import DEBOUNCE_HEADER
 from .errors import ConfigError, PayloadTooLarge
+from .flow import DEBOUNCE_HEADER
 from .job import MAX_PRIORITY, MIN_PRIORITY, Job
 from .schedule import Schedule
 

@@ -10,8 +10,8 @@ from typing import Any, Protocol
 
 from ._arguments import check_sizes, debounce_headers, enqueue_times, priority_of
 from .brokers import Broker, PartitionedBroker
-from .brokers.redis import route_key
 from .errors import ConfigError
+from .flow import route_key
 from .job import Job
 from .task import GROUP_HEADER, Enqueued, Task
 from .telemetry import Telemetry

@@ -12,9 +12,9 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, TypeAdapter, ValidationError, create_model
 
-from .brokers._flow import NO_FLOW, FlowControl
 from .context import Context
 from .errors import ConfigError
+from .flow import NO_FLOW, FlowControl
 from .record import DEFAULT_KEEP_FOR
 from .retry import RetryPolicy
 from .schedule import Schedule

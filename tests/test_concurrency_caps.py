@@ -21,8 +21,7 @@ from redis.asyncio import Redis
 
 import aqw
 from aqw._redis.keys import QueueKeys
-from aqw.brokers._debounce import DEBOUNCE_HEADER
-from aqw.brokers._flow import debounce_cap
+from aqw.flow import DEBOUNCE_HEADER, debounce_cap
 from tests._helpers import REDIS_URL, eventually, require_real_redis
 from tests.test_rate_limits import SCRIPT, env_for_workers, ledger, start_workers, stop_workers
 

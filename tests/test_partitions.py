@@ -24,11 +24,11 @@ from pydantic import BaseModel
 import aqw
 from aqw._ids import new_job_id
 from aqw.brokers import from_url, with_partitions
-from aqw.brokers._flow import flow_control
 from aqw.brokers.memory import MemoryBroker
 from aqw.brokers.redis import PartitionedBroker, RedisBroker
-from aqw.brokers.redis._partitions import named, partition_of_route, route_key, split_name
+from aqw.brokers.redis._partitions import named, partition_of_route, split_name
 from aqw.dashboard._pages import ENTRY_ID
+from aqw.flow import flow_control, route_key
 from aqw.status import gather_status
 from tests._helpers import REDIS_URL, eventually
 

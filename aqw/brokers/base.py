@@ -11,11 +11,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import ConfigError
+from ..flow import FlowSteps
 from ..job import Job
 from ..lease import Lease, LeaseBackend
 from ..record import DEFAULT_KEEP_FOR, JobInfo
-from ._debounce import DebouncedPublish
-from ._flow import FlowSteps
+from .local.debounce import DebouncedPublish
 from .local.history import BrokerViews
 from .local.marks import ScheduleMarks
 from .local.priorities import PriorityShare

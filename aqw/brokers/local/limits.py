@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable
 
 from ...errors import RateLimited
+from ...flow import Limits, cap_wait, rate_wait
 from ...lease import LeaseBackend
-from .._flow import Limits, cap_wait, rate_wait
 
 
 class _Bucket:

@@ -14,12 +14,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...flow import Limits, completion_key
 from ...job import Job
 from ...lease import Lease, LeaseBackend
 from ...record import DEFAULT_KEEP_FOR
-from .._debounce import LocalDebounce, LocalDebouncedPublish, completion_key
-from .._flow import Limits
 from ..base import Broker, DeadJob, Delivery, Failure, Finish, QueueDepth, failure_fields
+from ..local.debounce import LocalDebounce, LocalDebouncedPublish
 from ..local.history import DepthSamples, LocalViews
 from ..local.leases import MemoryLeaseBackend as MemoryLeaseBackend  # re-exported
 from ..local.limits import LimitedStart, LocalLimiter

@@ -23,10 +23,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from ...errors import ConfigError
+from ...flow import Limits
 from ...job import Job
 from ...lease import Lease, LeaseBackend
 from ...record import DEFAULT_KEEP_FOR
-from .._flow import Limits
 from ..base import Broker, DeadJob, Delivery, Failure, Finish
 from ..local.history import DelayedJob, DepthSample
 from ..local.marks import ScheduleMark

@@ -4,7 +4,7 @@ queue on Redis Streams, and ``PartitionedBroker``, one queue over several stream
 from ..._redis.client import MAX_BLOCK, make_client, split_queue
 from ._broker import RedisBroker
 from ._partitioned import PartitionedBroker
-from ._partitions import check_partitions, route_key
+from ._partitions import check_partitions
 from ._wait import can_wait_together, wait_together
 
 __all__ = [
@@ -14,7 +14,6 @@ __all__ = [
     "can_wait_together",
     "check_partitions",
     "make_client",
-    "route_key",
     "split_queue",
     "wait_together",
 ]

@@ -28,11 +28,10 @@ from ..._redis.cluster import CLUSTER_TRANSIENT_ERRORS
 from ..._redis.keys import GROUP, QueueKeys
 from ..._redis.lease import RedisLeaseBackend
 from ..._redis.waiters import JobWaiters
+from ...flow import Limits, completion_key
 from ...job import Job
 from ...lease import Lease, LeaseBackend
 from ...record import DEFAULT_KEEP_FOR, JobInfo
-from .._debounce import completion_key
-from .._flow import Limits
 from ..base import Broker, DeadJob, Delivery, Failure, Finish, QueueDepth
 from ..local.marks import ScheduleMark
 from ..local.records import CancelOutcome

@@ -12,9 +12,10 @@ from ..._redis import scripts
 from ..._redis.batch import CommandBatcher
 from ..._redis.keys import QueueKeys
 from ..._redis.scripts import ms
+from ...flow import DEBOUNCE_SLACK
 from ...job import Job
 from ...record import UNFINISHED_KEEP, stamp
-from .._debounce import DEBOUNCE_SLACK, DebouncedPublish
+from ..local.debounce import DebouncedPublish
 
 
 def split_at_id(job: Job) -> tuple[bytes, bytes]:

@@ -13,10 +13,10 @@ from ..._redis.keys import GROUP
 from ..._redis.lease import RedisLeaseBackend
 from ..._redis.scripts import ms
 from ...errors import FenceCorrupted, JobCancelled, RateLimited
+from ...flow import Limits, cap_wait, rate_wait
 from ...job import Job
 from ...lease import Lease
 from ...record import UNFINISHED_KEEP
-from .._flow import Limits, cap_wait, rate_wait
 from ..base import Delivery
 from ._jobs import RedisJobs
 from ._priorities import locate

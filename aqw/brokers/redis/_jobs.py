@@ -20,10 +20,10 @@ from ..._redis.batch import CommandBatcher
 from ..._redis.keys import GROUP, QueueKeys
 from ..._redis.lease import RedisLeaseBackend
 from ..._redis.scripts import ms
+from ...flow import completion_key
 from ...job import Job
 from ...lease import Lease
 from ...record import UNFINISHED_KEEP, stamp
-from .._debounce import completion_key
 from ..base import Delivery, Failure, Finish, failure_fields
 from ..local.records import CancelOutcome
 from ._argv import ack_values, enqueue_args, enqueue_head, flat

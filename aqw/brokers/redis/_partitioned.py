@@ -29,10 +29,10 @@ from ..._redis.client import make_client
 from ..._redis.cluster import gather_on
 from ..._redis.keys import queue_fence_of
 from ..._redis.lease import RedisLeaseBackend
+from ...flow import Limits
 from ...job import Job
 from ...lease import Lease, LeaseBackend
 from ...record import DEFAULT_KEEP_FOR, JobInfo
-from .._flow import Limits
 from ..base import Broker, DeadJob, Delivery, Failure, Finish, QueueDepth
 from ..local.history import DelayedJob, DepthSample
 from ..local.marks import ScheduleMark

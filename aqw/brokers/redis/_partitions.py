@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import os
 import zlib
-from typing import Any
 
 from ...errors import ConfigError
-from .._flow import FlowControl, key_text
 
 #: Between an id and the partition it names.
 MARK = "~p"
@@ -33,30 +31,6 @@ def check_partitions(value: object) -> int:
             f"partitions must be an integer from 1 to {MAX_PARTITIONS}, got {value!r}"
         )
     return value
-
-
-def route_key(
-    task: str, flow: FlowControl, payload: Any, key: str | None, group: str | None
-) -> str | None:
-    """The route of a job of ``task`` with the validated ``payload`` (what its key
-    functions see), idempotency or debounce ``key`` and message ``group``; None: any
-    partition.
-
-    A task-wide rate limit keeps the whole task in one partition (its one GCRA bucket); a
-    per-key cap wins over a rate key (a task with both should give them the same key, or
-    its rate holds per partition) and both over an idempotency key (which should then
-    name the same thing: the same key always with the same cap key)."""
-    if flow.rate is not None and flow.rate_key is None:
-        return f"task:{task}"
-    if flow.concurrency_key is not None and flow.max_per_key is not None:
-        return f"cap:{task}:{key_text(flow.concurrency_key(payload))}"
-    if flow.rate_key is not None:
-        return f"rate:{task}:{key_text(flow.rate_key(payload))}"
-    if key is not None:
-        return f"key:{key}"
-    if group is not None:
-        return f"group:{group}"
-    return None
 
 
 def partition_of_route(route: str, partitions: int) -> int:

@@ -23,10 +23,40 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError
-from ..job import Job
-from ..lease import LeaseBackend
-from ._debounce import is_debounced
+from .errors import ConfigError
+from .job import Job
+from .lease import LeaseBackend
+
+#: The header that marks a debounced job (value ``"1"``). Its key is a debounce key, not an
+#: idempotency key: it has no completion record, and at start a debounced job waits while
+#: another job of the same key runs (concurrency key ``debounce:<key>``).
+DEBOUNCE_HEADER = "aqw-debounce"
+
+#: Seconds the record of a key's waiting job outlives its due time: a job still in the
+#: delayed set that long after it was due (no worker promoted it) is no longer replaced.
+DEBOUNCE_SLACK = 600.0
+
+
+def is_debounced(job: Job) -> bool:
+    """True when ``job`` was enqueued with ``debounce=``."""
+    return job.headers.get(DEBOUNCE_HEADER) == "1"
+
+
+def completion_key(job: Job | None) -> str | None:
+    """The key under which ``job``'s completion record is written and checked: its
+    idempotency key; None without a key, or for a debounced job (its key is a debounce
+    key: a finished burst does not block the next one)."""
+    if job is None or job.key is None or is_debounced(job):
+        return None
+    return job.key
+
+
+def due_time(now: float, first: float, debounce: float, debounce_max: float | None) -> float:
+    """When a debounced job whose burst began at ``first`` starts, as of an enqueue at
+    ``now``: ``debounce`` seconds later, but no later than ``first + debounce_max``."""
+    due = now + debounce
+    return due if debounce_max is None else min(due, first + debounce_max)
+
 
 #: Period units of a rate limit, in seconds.
 PERIODS = {
@@ -217,3 +247,27 @@ def cap_wait(holder_ms: int, draw: float) -> float:
 def rate_wait(wait_us: int) -> float:
     """Seconds until a rate-limited job's turn (``wait_us`` from the script)."""
     return max(0.001, math.ceil(wait_us / 1000) / 1000)
+
+
+def route_key(
+    task: str, flow: FlowControl, payload: Any, key: str | None, group: str | None
+) -> str | None:
+    """The route of a job of ``task`` with the validated ``payload`` (what its key
+    functions see), idempotency or debounce ``key`` and message ``group``; None: any
+    partition.
+
+    A task-wide rate limit keeps the whole task in one partition (its one GCRA bucket); a
+    per-key cap wins over a rate key (a task with both should give them the same key, or
+    its rate holds per partition) and both over an idempotency key (which should then
+    name the same thing: the same key always with the same cap key)."""
+    if flow.rate is not None and flow.rate_key is None:
+        return f"task:{task}"
+    if flow.concurrency_key is not None and flow.max_per_key is not None:
+        return f"cap:{task}:{key_text(flow.concurrency_key(payload))}"
+    if flow.rate_key is not None:
+        return f"rate:{task}:{key_text(flow.rate_key(payload))}"
+    if key is not None:
+        return f"key:{key}"
+    if group is not None:
+        return f"group:{group}"
+    return None

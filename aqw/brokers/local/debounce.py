@@ -15,39 +15,10 @@ import itertools
 import time
 from dataclasses import dataclass
 
-from ..errors import ConfigError
-from ..job import Job
-from .local.records import LocalRecords
-
-#: The header that marks a debounced job (value ``"1"``). Its key is a debounce key, not an
-#: idempotency key: it has no completion record, and at start a debounced job waits while
-#: another job of the same key runs (concurrency key ``debounce:<key>``).
-DEBOUNCE_HEADER = "aqw-debounce"
-
-#: Seconds the record of a key's waiting job outlives its due time: a job still in the
-#: delayed set that long after it was due (no worker promoted it) is no longer replaced.
-DEBOUNCE_SLACK = 600.0
-
-
-def is_debounced(job: Job) -> bool:
-    """True when ``job`` was enqueued with ``debounce=``."""
-    return job.headers.get(DEBOUNCE_HEADER) == "1"
-
-
-def completion_key(job: Job | None) -> str | None:
-    """The key under which ``job``'s completion record is written and checked: its
-    idempotency key; None without a key, or for a debounced job (its key is a debounce
-    key: a finished burst does not block the next one)."""
-    if job is None or job.key is None or is_debounced(job):
-        return None
-    return job.key
-
-
-def due_time(now: float, first: float, debounce: float, debounce_max: float | None) -> float:
-    """When a debounced job whose burst began at ``first`` starts, as of an enqueue at
-    ``now``: ``debounce`` seconds later, but no later than ``first + debounce_max``."""
-    due = now + debounce
-    return due if debounce_max is None else min(due, first + debounce_max)
+from ...errors import ConfigError
+from ...flow import DEBOUNCE_SLACK, due_time
+from ...job import Job
+from .records import LocalRecords
 
 
 class DebouncedPublish:
