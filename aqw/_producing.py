@@ -9,7 +9,8 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from ._arguments import check_sizes, debounce_headers, enqueue_times, priority_of
-from .brokers import Broker, PartitionedBroker
+from .brokers import Broker
+from .brokers.parts import Debounce
 from .errors import ConfigError
 from .flow import route_key
 from .job import Job
@@ -75,7 +76,7 @@ async def enqueue_jobs(
         )
         for b, h in zip(bodies, target.job_headers(payloads, bodies, heads), strict=True)
     ]
-    if isinstance(broker, PartitionedBroker):
+    if broker.routes_jobs:  # a partitioned queue: each id names the job's partition
         jobs = placed(broker, target, payloads, bodies, jobs)
     with app.telemetry_for(queue).publish(jobs):  # measured with the headers it adds
         check_sizes(target.name, target.options.max_payload_bytes, jobs)
@@ -84,7 +85,7 @@ async def enqueue_jobs(
                 raise ConfigError("enqueue: an idempotency key names exactly one job")
             due = run_at if run_at is not None and run_at > time.time() else None
             job_id, duplicate = await (
-                broker.publish_debounced(jobs[0], debounce, debounce_max)
+                debounced(broker).publish(jobs[0], debounce, debounce_max)
                 if debounce is not None  # a debounce key, not an idempotency key
                 else broker.publish_unique(jobs[0], app.idempotency_ttl, due)
             )
@@ -108,7 +109,7 @@ async def _enqueue_plain(
     jobs = [
         Job(task=target.name, payload=bodies[0], headers=heads[0], priority=target.options.priority)
     ]
-    if isinstance(broker, PartitionedBroker):
+    if broker.routes_jobs:
         jobs = placed(broker, target, payloads, bodies, jobs)
     with app.telemetry_for(queue).publish(jobs):
         check_sizes(target.name, target.options.max_payload_bytes, jobs)
@@ -117,7 +118,7 @@ async def _enqueue_plain(
 
 
 def placed(
-    broker: PartitionedBroker,
+    broker: Broker,
     target: Task[Any],
     payloads: Sequence[Any],
     bodies: Sequence[Any],
@@ -133,3 +134,20 @@ def placed(
         route = route_key(target.name, flow, payload, job.key, job.headers.get(GROUP_HEADER))
         out.append(job.model_copy(update={"id": broker.job_id_for(route)}))
     return out
+
+
+def debounced(broker: Broker) -> Debounce:
+    """The broker's debounce part; a ConfigError naming ``debounce`` when it has none, or
+    only one kept in this process (a producer elsewhere would not see the waiting job)."""
+    part = broker.debounce
+    if part is None:
+        raise ConfigError(
+            f"enqueue: debounce needs a broker that can replace a waiting job; the "
+            f"{type(broker).__name__} broker cannot (a sent message cannot be replaced)"
+        )
+    if not part.shared and not broker.in_process:
+        raise ConfigError(
+            f"enqueue: debounce needs debounced jobs shared across processes, and the "
+            f"{broker.system} broker keeps them in this process only: use redis://"
+        )
+    return part

@@ -14,9 +14,9 @@ from ._producing import enqueue_jobs
 from ._queue_telemetry import QueueTelemetry
 from ._redis.keys import validate_queue_name
 from ._registration import TaskSettings, task_options
-from .brokers import Broker, broker_for_queue, from_url, with_partitions
+from .brokers import Broker, from_url, with_partitions
+from .brokers.base import DEFAULT_PRIORITY_SHARE, check_partitions
 from .brokers.multi import check_queue
-from .brokers.redis import check_partitions
 from .cache import Cache
 from .dlq import DeadLetters
 from .errors import ConfigError, UnknownTask
@@ -166,7 +166,7 @@ class App:
             return self.broker
         if queue not in self._brokers:
             name = check_queue(queue)
-            self._brokers[name] = broker_for_queue(self.broker, self.broker_url, name)
+            self._brokers[name] = self.broker.sibling(name)
         return self._brokers[queue]
 
     # -- registration ----------------------------------------------------------------------
@@ -305,7 +305,7 @@ class App:
         handle_signals: bool = False,
         heartbeat: float = 5.0,
         queues: Sequence[str] | Mapping[str, float] | None = None,
-        priority_share: float = Broker.priority_share,
+        priority_share: float = DEFAULT_PRIORITY_SHARE,
     ) -> Worker:
         """A worker for this app, used as ``async with app.worker(concurrency=64):``.
 

@@ -35,13 +35,13 @@ class Jobs:
         """The job's whole record, or None when there is none (never enqueued here, or its
         record expired ``keep_for`` after it ended)."""
         _check_id(job_id)
-        return await self.broker.record(job_id)
+        return await self.broker.records.record(job_id)
 
     async def wait(self, job_id: str, timeout: float | None = None) -> JobInfo:
         """The job's record once it has ended; see ``result``."""
         _check_id(job_id)
         _check_timeout(timeout)
-        return await self.broker.wait_finished(job_id, timeout)
+        return await self.broker.records.wait_finished(job_id, timeout)
 
     async def result(self, job_id: str, timeout: float | None = None) -> Any:
         """The job's result once it has ended, waiting up to ``timeout`` seconds (None: no
@@ -80,7 +80,7 @@ class Jobs:
         interval, ttl/3, is not retried and ends ``cancelled``), ``"finished"`` when it had
         already ended (nothing changes), ``"unknown"`` when there is no record of it."""
         _check_id(job_id)
-        return await self.broker.cancel(job_id, self.app.keep_for or DEFAULT_KEEP_FOR)
+        return await self.broker.records.cancel(job_id, self.app.keep_for or DEFAULT_KEEP_FOR)
 
 
 def _check_id(job_id: object) -> None:

@@ -25,7 +25,7 @@ async def schedule_rows(app: SchedulesApp, now: float | None = None) -> list[dic
     """One row per periodic task, by name: ``task``, ``schedule`` (described), ``last_tick``
     and ``last_job`` (None when no tick was enqueued yet) and ``next_tick`` (seconds since the
     epoch). One read of the broker (its schedule marks)."""
-    marks = await app.broker.schedule_marks()
+    marks = await app.broker.marks.read()
     at = time.time() if now is None else now
     rows: list[dict[str, Any]] = []
     for name in sorted(app.tasks):

@@ -208,7 +208,7 @@ async def test_a_long_job_keeps_its_slot_through_renewals(backend: Backend) -> N
 
 
 async def _started(app: aqw.App) -> bool:
-    return bool(await app.broker.job_states())
+    return bool(await app.broker.records.running_states())
 
 
 async def test_a_crashed_holders_slot_ages_out_with_its_lease(redis_backend: Backend) -> None:

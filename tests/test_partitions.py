@@ -246,7 +246,7 @@ async def test_one_fetch_takes_from_every_partition(parts: Backend) -> None:
     assert len({d.id for d in got}) == 30
     # And settling acts on the partition it came from.
     for d in got:
-        assert await broker.requeue(d, None)
+        assert await broker.give_back(d, None)
     assert sum(await stream_lengths(parts)) == 304
 
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from ..brokers.base import Broker
+from ..brokers.base import DEFAULT_PRIORITY_SHARE
 from ..brokers.multi import queue_plan
 from ..errors import ConfigError
 from ..telemetry import configure_otel, shutdown_otel
@@ -190,7 +190,7 @@ async def run(args: argparse.Namespace) -> int:
     queues: str | None = args.queues or os.environ.get("AQW_QUEUES") or None
     share: float | None = args.priority_share
     if share is None:
-        share = env_float("AQW_PRIORITY_SHARE", Broker.priority_share, minimum=0.0)
+        share = env_float("AQW_PRIORITY_SHARE", DEFAULT_PRIORITY_SHARE, minimum=0.0)
     worker = app.worker(
         concurrency=concurrency,
         prefetch=prefetch,

@@ -14,7 +14,6 @@ from typing import Any, Protocol
 from .._damage import split_heartbeats, to_float, to_int
 from ..brokers import CancelOutcome
 from ..brokers.base import Broker, DeadJob
-from ..brokers.redis import PartitionedBroker, RedisBroker
 from ..dlq import DeadLetters
 from ..job import Job
 from ..monitor import is_monitor_heartbeat
@@ -81,9 +80,10 @@ async def overview(app: DashboardApp) -> dict[str, Any]:
     """The overview: ``aqw status``'s numbers, the retrying jobs among the ``RETRY_SCAN``
     soonest due, and the depth history of the last ``CHART_SPAN`` seconds."""
     status = await gather_status(app.broker)
-    soon = await app.broker.delayed_page(0, RETRY_SCAN)
+    views = app.broker.history  # None: the broker keeps no history (SQS)
+    soon = await views.delayed_page(0, RETRY_SCAN) if views is not None else []
     retrying = sum(1 for d in soon if (job := decode(d.data)) is not None and job.attempt > 1)
-    history = await app.broker.depth_history(time.time() - CHART_SPAN)
+    history = await views.since(time.time() - CHART_SPAN) if views is not None else []
     return {
         "status": status,
         "retrying": retrying,
@@ -95,7 +95,7 @@ async def overview(app: DashboardApp) -> dict[str, Any]:
 async def workers(app: DashboardApp) -> list[dict[str, Any]]:
     """The live workers from their heartbeats (one read, as ``aqw status``), by name; the
     monitor's heartbeat and damaged ones are left out."""
-    beats, _ = split_heartbeats(await app.broker.heartbeats())
+    beats, _ = split_heartbeats(await app.broker.status.heartbeats())
     rows = [
         {
             "worker": b.get("worker", ""),
@@ -115,7 +115,7 @@ async def workers(app: DashboardApp) -> list[dict[str, Any]]:
 
 async def running(app: DashboardApp) -> dict[str, Any]:
     """Up to ``PAGE`` running jobs (oldest start first), with the in-flight total."""
-    states = await app.broker.job_states(PAGE)
+    states = await app.broker.records.running_states(PAGE)
     depth = await app.broker.depth()
     rows = [
         {
@@ -132,7 +132,8 @@ async def running(app: DashboardApp) -> dict[str, Any]:
 
 async def delayed(app: DashboardApp, start: int) -> dict[str, Any]:
     """One page of the delayed set (retries included), soonest due first."""
-    page = await app.broker.delayed_page(start, PAGE)
+    views = app.broker.history
+    page = await views.delayed_page(start, PAGE) if views is not None else []
     depth = await app.broker.depth()
     rows = []
     for item in page:
@@ -155,7 +156,7 @@ async def schedules(app: DashboardApp) -> dict[str, Any]:
     rows = await schedule_rows(app)
     leader = None
     if rows:
-        beats, _ = split_heartbeats(await app.broker.heartbeats())
+        beats, _ = split_heartbeats(await app.broker.status.heartbeats())
         leaders = sorted(str(b.get("worker")) for b in beats if b.get("scheduler_leader") is True)
         leader = leaders[0] if leaders else None
     return {"rows": rows, "leader": leader}
@@ -227,20 +228,8 @@ async def job_detail(app: DashboardApp, job_id: str) -> dict[str, Any]:
 
 
 async def redis_health(broker: Broker) -> dict[str, Any]:
-    """Used, peak and max memory and the eviction policy (one ``INFO memory``); ``error``
-    says why they are not known (not Redis, or a server without INFO)."""
-    if not isinstance(broker, RedisBroker | PartitionedBroker):
+    """Used, peak and max memory and the eviction policy of the broker's server
+    (``broker.server``); ``error`` says why they are not known (no server, or no INFO)."""
+    if broker.server is None:
         return {"error": f"the {broker.system} broker has no Redis server"}
-    try:
-        info: Any = await broker.client.info("memory")
-    except Exception as exc:  # fakeredis has no INFO; a proxy may refuse it
-        return {"error": f"INFO memory is not available: {type(exc).__name__}: {exc}"}
-    policy = str(info.get("maxmemory_policy", "?"))
-    return {
-        "error": None,
-        "used": to_int(info.get("used_memory"), 0),
-        "peak": to_int(info.get("used_memory_peak"), 0),
-        "max": to_int(info.get("maxmemory"), 0),
-        "policy": policy,
-        "evicting": policy != "noeviction",
-    }
+    return await broker.server.health()

@@ -330,14 +330,14 @@ async def test_store_down_or_refusing_sends_nothing(
 
 @pytest.mark.timeout(40)
 async def test_local_records_through_a_worker_run(sqs: SQSKit, new_app: AppFactory) -> None:
-    """Records kept by the broker in this process: queued at enqueue, succeeded with its
-    result, dead with its DLQ entry and error, retried attempts counted, and a queued job
-    cancelled here never runs."""
+    """Records kept by the broker in this process: queued at enqueue, succeeded, dead with
+    its DLQ entry and error, retried attempts counted, and a queued job cancelled here never
+    runs. (No results: keep_result needs shared records, and is refused, see below.)"""
     await sqs.create("rec", dead="rec-dead")
     app = new_app(sqs.url("rec", dlq="rec-dead"), retry=aqw.RetryPolicy(max_retries=1, base=0.05))
     ran: list[str] = []
 
-    @app.task(name="double", keep_result=True)
+    @app.task(name="double")
     async def double(n: int, ctx: aqw.Context) -> int:
         ran.append(ctx.job_id)
         if n == 3 and ctx.attempt == 1:
@@ -362,12 +362,12 @@ async def test_local_records_through_a_worker_run(sqs: SQSKit, new_app: AppFacto
 
     info = await app.job(ok)
     assert info is not None and info.state == "succeeded", info
-    assert info.result == 42 and info.attempts == 1
+    assert info.attempts == 1 and not info.has_result
     assert info.finished_at is not None and info.finished_at.timestamp() >= started
-    assert await app.result(ok, timeout=1) == 42
+    assert await app.result(ok, timeout=1) is None  # the task keeps no result
 
     info = await app.job(flaky)
-    assert info is not None and (info.state, info.result, info.attempts) == ("succeeded", 6, 2)
+    assert info is not None and (info.state, info.attempts) == ("succeeded", 2)
 
     info = await app.job(dead)
     assert info is not None and info.state == "dead", info
@@ -388,6 +388,25 @@ async def test_local_records_through_a_worker_run(sqs: SQSKit, new_app: AppFacto
     assert await app.broker.dlq_replay([(entry.id, entry.job)]) == 1
     info = await app.job(dead)
     assert info is not None and (info.state, info.dlq_entry) == ("queued", None)
+
+
+async def test_keep_result_is_refused_at_worker_start_naming_the_records(
+    sqs: SQSKit, new_app: AppFactory
+) -> None:
+    """Job records kept in this process cannot hand a result to a producer elsewhere: a
+    task that keeps results is refused, in one line naming the part and the fix."""
+    await sqs.create("kr", dead="kr-dead")
+    app = new_app(sqs.url("kr", dlq="kr-dead"))
+
+    @app.task(name="double", keep_result=True)
+    async def double(n: int) -> int:
+        return n * 2
+
+    with pytest.raises(aqw.ConfigError) as refused:
+        await app.worker().start()
+    message = str(refused.value)
+    assert "\n" not in message and "task 'double': keep_result needs job records" in message
+    assert "in this process only" in message and "redis://" in message
 
 
 @pytest.mark.timeout(30)

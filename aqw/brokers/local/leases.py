@@ -44,3 +44,7 @@ class MemoryLeaseBackend:
 
     def owner(self, key: str) -> str | None:
         return self._current(key)
+
+    def drop(self, key: str) -> None:
+        """Free ``key`` whoever holds it (a broker's settle step that has checked the token)."""
+        self._held.pop(key, None)

@@ -10,7 +10,6 @@ from collections.abc import Callable
 
 from ...errors import RateLimited
 from ...flow import Limits, cap_wait, rate_wait
-from ...lease import LeaseBackend
 
 
 class _Bucket:
@@ -75,39 +74,3 @@ class LocalLimiter:
 
 def _now_us() -> int:
     return int(time.time() * 1e6)
-
-
-class LimitedStart:
-    """A job's lease backend that admits the job under its ``limits`` (``LocalLimiter``)
-    before ``inner`` (the broker's start guard) takes the lease; refused: raises
-    ``aqw.RateLimited``, taking nothing. ``alive(lease_key)``: the token holding it, if any.
-    A lease another token holds is refused first, as on Redis (not deferred: the other holder
-    runs the job)."""
-
-    __slots__ = ("_alive", "_inner", "_limiter", "_limits")
-
-    def __init__(
-        self, inner: LeaseBackend, limiter: LocalLimiter, limits: Limits, alive: Alive
-    ) -> None:
-        self._inner = inner
-        self._limiter = limiter
-        self._limits = limits
-        self._alive = alive
-
-    async def acquire(self, key: str, token: str, ttl_ms: int) -> int | None:
-        holder = self._alive(key)
-        if holder is not None and holder != token:
-            return None
-        refused = self._limiter.refusal(self._limits, key, self._alive)
-        if refused is not None:
-            raise refused
-        fence = await self._inner.acquire(key, token, ttl_ms)
-        if fence is not None:
-            self._limiter.admit(self._limits, key, self._alive)
-        return fence
-
-    async def renew(self, key: str, token: str, ttl_ms: int) -> bool:
-        return await self._inner.renew(key, token, ttl_ms)
-
-    async def release(self, key: str, token: str) -> bool:
-        return await self._inner.release(key, token)

@@ -3,7 +3,7 @@
 that nothing starves), and the in-memory broker's waiting jobs, one FIFO per level.
 
 Levels are ``aqw.job.MIN_PRIORITY`` (0, the default) to ``MAX_PRIORITY`` (9); higher runs
-first. The Redis side (one stream per level) is ``_redis_levels.py``.
+first. The Redis side (one stream per level) is ``redis/_priorities.py``.
 """
 
 from __future__ import annotations
@@ -11,42 +11,27 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator
 
-from ...errors import ConfigError
 from ...job import Job
 
-#: The default share of fetches that start from the lowest waiting level.
-DEFAULT_PRIORITY_SHARE = 0.05
 
+class ShareCredit:
+    """The turns of a fetch's priority share (``Broker.fetch(..., share=...)``): about that
+    fraction of the fetches that find several levels waiting start from the lowest waiting
+    level. Counted without randomness, so that the share holds over a short run too; a
+    broker asks ``turn`` only for a fetch that finds several levels waiting."""
 
-def check_priority_share(share: object) -> float:
-    """``share`` as a float in [0, 1], or a ``ConfigError`` naming ``priority_share``."""
-    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 1:
-        raise ConfigError(
-            f"worker priority_share must be a fraction from 0 (strict order) to 1, got {share!r}"
-        )
-    return float(share)
+    __slots__ = ("_credit",)
 
+    def __init__(self) -> None:
+        self._credit = 0.0
 
-class PriorityShare:
-    """The anti-starvation share of a broker's fetches (``app.worker(priority_share=...)``):
-    about that fraction of the fetches that find several levels in use start from the
-    lowest level with jobs waiting instead of the highest. 0 is strict priority."""
-
-    priority_share: float = DEFAULT_PRIORITY_SHARE
-    _share_credit: float = 0.0
-
-    def set_priority_share(self, share: float) -> None:
-        """Set the share (checked: a ``ConfigError`` unless 0 <= ``share`` <= 1)."""
-        self.priority_share = check_priority_share(share)
-
-    def share_fetch(self) -> bool:
-        """True for this fetch's turn to start from the lowest level: every 1/share-th
-        fetch, counted without randomness so that the share holds over a short run too."""
-        if self.priority_share <= 0:
+    def turn(self, share: float) -> bool:
+        """True for this fetch's turn to start from the lowest level: every 1/share-th."""
+        if share <= 0:
             return False
-        self._share_credit += self.priority_share
-        if self._share_credit >= 1.0:
-            self._share_credit -= 1.0
+        self._credit += share
+        if self._credit >= 1.0:
+            self._credit -= 1.0
             return True
         return False
 

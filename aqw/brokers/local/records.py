@@ -1,6 +1,11 @@
-"""Job records kept in the process, for brokers with no shared store for them: the memory
-broker (one per queue, shared by its brokers in the process) and SQS (one per broker: other
-processes do not see them). The Redis broker keeps its records in Redis instead.
+"""Job records kept in the process (``LocalJobRecords``, a ``JobRecords`` part that is not
+shared), for brokers with no shared store for them: the memory broker (one per queue,
+shared by its brokers in the process) and SQS (one per broker: other processes do not see
+them). The Redis broker keeps its records in Redis instead.
+
+Besides the part's methods, the steps of a job write them: ``enqueued`` (publish),
+``started`` (the start step, ``aqw.brokers.local.start``), ``retrying``, ``deferred``,
+``given_back``, ``finish`` (the settle steps, kept by ``Broker`` itself) and ``replayed``.
 
 A record lives until its time is up (``keep_for`` after its job ended, ``UNFINISHED_KEEP``
 past its due time before that); past ``MAX_RECORDS`` the records closest to their end are
@@ -16,14 +21,11 @@ import heapq
 import math
 import time
 from collections.abc import Mapping
-from typing import Literal
 
 from ...errors import JobCancelled, UnknownJob
 from ...job import Job
-from ...lease import LeaseBackend
-from ...record import FINAL_STATES, UNFINISHED_KEEP, JobInfo, stamp
-
-CancelOutcome = Literal["cancelled", "cancelling", "finished", "unknown"]
+from ...record import DEFAULT_KEEP_FOR, FINAL_STATES, UNFINISHED_KEEP, JobInfo, stamp
+from ..messages import CancelOutcome
 
 #: Most records kept; past it those closest to their end are dropped first (a process that
 #: runs millions of jobs a day must not grow without bound).
@@ -33,7 +35,7 @@ MAX_RECORDS = 100_000
 #: worker died): a renewal on its way, or a clock a little behind, is not that.
 LEASE_GRACE = 1.0
 
-#: The fields of a running record that ``set_job_state`` updates.
+#: The fields of a running record that ``set_running_state`` updates.
 RUNNING_FIELDS = ("progress", "message", "lease_expires_at")
 
 
@@ -47,7 +49,7 @@ class _Entry:
 
 def running_state(job_id: str, fields: Mapping[str, str], now: float) -> dict[str, str] | None:
     """A running record as a running-job state (the shape of ``RunningJob.state``: what
-    ``Broker.job_state`` returns), or None when the record is not running. A job whose
+    ``JobRecords.running_state`` returns), or None when the record is not running. A job whose
     worker died stays running, its lease expiry in the past, until another worker takes it
     over: the monitor reports it as orphaned."""
     if fields.get("state") != "running":
@@ -66,8 +68,11 @@ def running_state(job_id: str, fields: Mapping[str, str], now: float) -> dict[st
     }
 
 
-class LocalRecords:
+class LocalJobRecords:
     """Expiring job records and the callers waiting for a job to end, in memory."""
+
+    #: Kept in this process only.
+    shared = False
 
     __slots__ = ("_ends", "_limit", "_records", "_running", "_waiters", "queue")
 
@@ -211,9 +216,9 @@ class LocalRecords:
         if entry.until - time.monotonic() < UNFINISHED_KEEP / 2:  # a job running for days
             self._put(job_id, entry.fields, UNFINISHED_KEEP)
 
-    def set_running_state(self, job_id: str, state: Mapping[str, str]) -> None:
-        """``Broker.set_job_state``: a running-job state (``RunningJob.state``) updates the
-        running record with the same fencing token; a state without one updates nothing."""
+    async def set_running_state(self, job_id: str, state: dict[str, str]) -> None:
+        """A running-job state (``RunningJob.state``) updates the running record with the
+        same fencing token; a state without one updates nothing."""
         try:
             fence = int(state.get("fencing_token", ""))
         except ValueError:
@@ -234,7 +239,7 @@ class LocalRecords:
         fields.update(state="delayed", run_at=repr(run_at), attempts=str(job.attempt - 1))
         self._put(job.id, fields, UNFINISHED_KEEP + max(0.0, run_at - time.time()))
 
-    def requeued(self, job_id: str) -> None:
+    def given_back(self, job_id: str) -> None:
         """A running job handed back unfinished waits in the queue again."""
         fields = self._get(job_id)
         if fields is not None and fields.get("state") == "running":
@@ -262,16 +267,20 @@ class LocalRecords:
     # -- what callers ask -----------------------------------------------------------------
 
     def info(self, job_id: str) -> JobInfo | None:
+        """The job's record, now."""
         fields = self._get(job_id)
         return None if fields is None else JobInfo.from_fields(job_id, self.queue, fields)
 
-    def running_state(self, job_id: str) -> dict[str, str] | None:
-        """``Broker.job_state``: see the module function ``running_state``."""
+    async def record(self, job_id: str) -> JobInfo | None:
+        return self.info(job_id)
+
+    async def running_state(self, job_id: str) -> dict[str, str] | None:
+        """See the module function ``running_state``."""
         fields = self._get(job_id)
         return None if fields is None else running_state(job_id, fields, time.time())
 
-    def running_states(self, limit: int) -> list[dict[str, str]]:
-        """``Broker.job_states``: up to ``limit`` jobs running now, oldest start first."""
+    async def running_states(self, limit: int = 1000) -> list[dict[str, str]]:
+        """Up to ``limit`` jobs running now, oldest start first."""
         self._sweep(time.monotonic())
         now = time.time()
         out: list[dict[str, str]] = []
@@ -283,7 +292,7 @@ class LocalRecords:
                 out.append(state)
         return out
 
-    def cancel(self, job_id: str, keep_for: float) -> CancelOutcome:
+    async def cancel(self, job_id: str, keep_for: float = DEFAULT_KEEP_FOR) -> CancelOutcome:
         entry = self._entry(job_id)
         if entry is None:
             return "unknown"
@@ -301,11 +310,11 @@ class LocalRecords:
         self._put(job_id, fields, max(keep_for, entry.until - time.monotonic()))
         return "cancelled"
 
-    def cancel_requested(self, job_id: str) -> bool:
+    async def cancel_requested(self, job_id: str) -> bool:
         fields = self._get(job_id)
         return fields is not None and fields.get("cancel") == "1"
 
-    async def wait(self, job_id: str, timeout: float | None) -> JobInfo:
+    async def wait_finished(self, job_id: str, timeout: float | None) -> JobInfo:
         """The job's record once it has ended; ``UnknownJob`` when there is none (or it
         goes), ``TimeoutError`` when it has not ended within ``timeout`` seconds."""
         loop = asyncio.get_running_loop()
@@ -347,41 +356,3 @@ class LocalRecords:
         for fut in self._waiters.pop(job_id, ()):
             if not fut.done():
                 fut.set_result(info)
-
-
-class LocalStartGuard:
-    """A job's lease backend whose ``acquire`` also marks the job running in ``records``
-    (and refuses a cancelled job with ``JobCancelled``, taking nothing), and whose
-    ``renew`` moves the record's lease expiry on: the default of ``Broker.job_lease_backend``."""
-
-    __slots__ = ("_backend", "_fence", "_job", "_records", "_worker")
-
-    def __init__(self, backend: LeaseBackend, records: LocalRecords, job: Job, worker: str):
-        self._backend = backend
-        self._records = records
-        self._job = job
-        self._worker = worker
-        self._fence: int | None = None
-
-    async def acquire(self, key: str, token: str, ttl_ms: int) -> int | None:
-        if self._records.is_cancelled(self._job.id):
-            raise JobCancelled(self._job.id)
-        fence = await self._backend.acquire(key, token, ttl_ms)
-        if fence is not None:
-            try:
-                self._records.started(self._job, self._worker, fence, time.time() + ttl_ms / 1000)
-            except JobCancelled:  # cancelled while the acquire was on its way
-                await self._backend.release(key, token)
-                raise
-            self._fence = fence
-        return fence
-
-    async def renew(self, key: str, token: str, ttl_ms: int) -> bool:
-        renewed = await self._backend.renew(key, token, ttl_ms)
-        if renewed and self._fence is not None:
-            expires = {"lease_expires_at": repr(time.time() + ttl_ms / 1000)}
-            self._records.update(self._job.id, expires, self._fence)
-        return renewed
-
-    async def release(self, key: str, token: str) -> bool:
-        return await self._backend.release(key, token)

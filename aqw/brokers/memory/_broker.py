@@ -1,113 +1,55 @@
 """The in-process broker: the embedded default, and a test double with the same semantics
 as the Redis Streams broker (pending entries, reclaim after idle, delayed set, capped DLQ,
 leases with fencing tokens, job records). Brokers with the same name in one process share
-one queue."""
+one queue (``_queue.py``) and its parts, all in-process (``aqw.brokers.local``)."""
 
 from __future__ import annotations
 
 import asyncio
 import heapq
-import itertools
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 from ...flow import Limits, completion_key
 from ...job import Job
 from ...lease import Lease, LeaseBackend
-from ...record import DEFAULT_KEEP_FOR
-from ..base import Broker, DeadJob, Delivery, Failure, Finish, QueueDepth, failure_fields
-from ..local.debounce import LocalDebounce, LocalDebouncedPublish
-from ..local.history import DepthSamples, LocalViews
-from ..local.leases import MemoryLeaseBackend as MemoryLeaseBackend  # re-exported
-from ..local.limits import LimitedStart, LocalLimiter
-from ..local.priorities import LevelFifos
-from ..local.records import LocalRecords
-from ..local.status import LocalStatus
+from ..base import Broker
+from ..local import LimitedStart, LocalStartGuard, ShareCredit
+from ..local import MemoryLeaseBackend as MemoryLeaseBackend  # re-exported
+from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth
+from ..parts import StartLimits
+from ._queue import Pending, memory_queue
+
+#: Rate limits and caps hold for the workers of this process: the whole queue is here.
+LIMITS = StartLimits(shared=False)
 
 
-@dataclass
-class _Pending:
-    data: bytes
-    consumer: str
-    since: float
-    delivered: int
-
-
-@dataclass
-class _Queue:
-    """The shared state of one named in-memory queue."""
-
-    #: The job records (``app.job``), shared by the queue's brokers in this process.
-    job_records: LocalRecords
-    #: One FIFO per priority level (``q.waiting[id] = data`` files it under its level).
-    waiting: LevelFifos = field(default_factory=LevelFifos)
-    pending: dict[str, _Pending] = field(default_factory=dict)
-    delayed: list[tuple[float, int, bytes]] = field(default_factory=list)
-    dlq: OrderedDict[str, DeadJob] = field(default_factory=OrderedDict)
-    stats: dict[str, int] = field(default_factory=dict)
-    #: Idempotency records: ``key:<key>`` (enqueued) and ``done:<key>`` (completed), each
-    #: (job id, until) in ``time.monotonic()`` seconds.
-    key_records: dict[str, tuple[str, float]] = field(default_factory=dict)
-    leases: MemoryLeaseBackend = field(default_factory=MemoryLeaseBackend)
-    ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
-    changed: asyncio.Event | None = None
-    status: LocalStatus = field(default_factory=LocalStatus)
-    limiter: LocalLimiter = field(default_factory=LocalLimiter)
-    debounce: LocalDebounce = field(default_factory=LocalDebounce)
-    depth_samples: DepthSamples = field(default_factory=DepthSamples)
-
-    def next_id(self) -> str:
-        return f"{int(time.time() * 1000)}-{next(self.ids)}"
-
-    def bump(self, name: str, n: int = 1) -> None:
-        self.stats[name] = self.stats.get(name, 0) + n
-
-    def notify(self) -> None:
-        if self.changed is not None:
-            self.changed.set()
-
-
-_QUEUES: dict[str, _Queue] = {}
-
-
-def reset_memory_queues() -> None:
-    """Forget every in-memory queue of this process, with their heartbeats and job records
-    (for tests)."""
-    for name in list(_QUEUES):
-        delete_memory_queue(name)
-
-
-def delete_memory_queue(name: str) -> None:
-    """Forget the in-memory queue ``name`` of this process, with everything in it (its
-    jobs, dead-letter queue, heartbeats and job records: callers waiting for one of its
-    jobs get ``aqw.UnknownJob``); a later broker starts it afresh."""
-    q = _QUEUES.pop(name, None)
-    if q is not None:
-        q.job_records.clear()
-
-
-class MemoryBroker(LocalViews, LocalDebouncedPublish, Broker):
+class MemoryBroker(Broker):
     """An in-process queue. ``MemoryBroker("q")`` instances in one process share queue ``q``."""
 
     system = "memory"
-    enforces_limits = True  # for the workers of this process (``_local_limits.py``)
+    in_process = True
 
     def __init__(self, queue: str = "default", *, dlq_limit: int = 100_000) -> None:
-        super().__init__(queue)
+        q = memory_queue(queue)
+        super().__init__(
+            queue,
+            records=q.records,
+            status=q.status,
+            marks=q.marks,
+            history=q.history,
+            debounce=q.debounce,
+            flow_limits=LIMITS,
+        )
         self.dlq_limit = dlq_limit
-        q = _QUEUES.get(queue)
-        self._q = q if q is not None else _QUEUES.setdefault(queue, _Queue(LocalRecords(queue)))
-        self.local_status = self._q.status  # brokers of one queue share its status too
-        self.local_records = self._q.job_records  # and its job records
-        self.depth_samples = self._q.depth_samples  # and its depth history (LocalViews)
-        self.delayed_heap = self._q.delayed
-        self.local_debounce = self._q.debounce  # the keys' waiting jobs (LocalDebouncedPublish)
+        self._q = q
+        self._share = ShareCredit()
 
     def describe(self) -> str:
-        return f"memory://{self.queue}"
+        return f"memory://{self.queue} (in-process only)"
+
+    def sibling(self, queue: str) -> MemoryBroker:
+        return MemoryBroker(queue, dlq_limit=self.dlq_limit)
 
     async def connect(self) -> None:
         if self._q.changed is None:
@@ -119,7 +61,7 @@ class MemoryBroker(LocalViews, LocalDebouncedPublish, Broker):
     async def publish(self, jobs: Sequence[Job]) -> None:
         for job in jobs:
             self._q.waiting[self._q.next_id()] = job.encode()
-            self.local_records.enqueued(job)
+            self._q.records.enqueued(job)
         self._q.notify()
 
     async def publish_raw(self, data: bytes) -> str:
@@ -154,10 +96,10 @@ class MemoryBroker(LocalViews, LocalDebouncedPublish, Broker):
     async def schedule(self, jobs: Sequence[Job], run_at: float) -> None:
         for job in jobs:
             heapq.heappush(self._q.delayed, (run_at, next(self._q.ids), job.encode()))
-            self.local_records.enqueued(job, run_at)
+            self._q.records.enqueued(job, run_at)
         self._q.notify()
 
-    async def fetch(self, count: int, block: float) -> list[Delivery]:
+    async def fetch(self, count: int, block: float, share: float = 0.0) -> list[Delivery]:
         await self.connect()
         q = self._q
         if not q.waiting and block > 0:
@@ -172,9 +114,9 @@ class MemoryBroker(LocalViews, LocalDebouncedPublish, Broker):
                 return []
         out: list[Delivery] = []
         now = time.monotonic()
-        share = q.waiting.mixed and self.share_fetch()  # the highest level first, or a share
-        for entry_id, data, level in q.waiting.take(count, share):
-            q.pending[entry_id] = _Pending(data, self.consumer, now, 1)
+        lowest = q.waiting.mixed and self._share.turn(share)  # the highest level first
+        for entry_id, data, level in q.waiting.take(count, lowest):
+            q.pending[entry_id] = Pending(data, self.consumer, now, 1)
             out.append(Delivery(id=entry_id, data=data, level=level))
         return out
 
@@ -208,7 +150,7 @@ class MemoryBroker(LocalViews, LocalDebouncedPublish, Broker):
             if p.consumer == self.consumer and entry_id not in running
         ]
         for entry_id in mine:
-            await self.requeue(Delivery(entry_id, self._q.pending[entry_id].data), None)
+            await self.give_back(Delivery(entry_id, self._q.pending[entry_id].data), None)
         return len(mine)
 
     async def promote_due(self) -> float | None:
@@ -225,6 +167,11 @@ class MemoryBroker(LocalViews, LocalDebouncedPublish, Broker):
 
     def lease_backend(self) -> LeaseBackend:
         return self._q.leases
+
+    def job_lease_backend(self, job: Job, limits: Limits | None = None) -> LeaseBackend:
+        q = self._q
+        start = LocalStartGuard(q.leases, q.records, job, self.consumer)
+        return start if limits is None else LimitedStart(start, q.limiter, limits, q.leases.owner)
 
     async def keep_alive(self, delivery: Delivery) -> bool:
         p = self._q.pending.get(delivery.id)
@@ -246,66 +193,60 @@ class MemoryBroker(LocalViews, LocalDebouncedPublish, Broker):
         if owner is None and p.consumer != self.consumer:
             return False
         if owner is not None and lease is not None:
-            self._q.leases._held.pop(lease.key, None)
+            self._q.leases.drop(lease.key)
         self._q.pending.pop(delivery.id, None)
         return True
 
-    async def ack(
+    # The settle steps: the base's public ones keep the job records (``LocalJobRecords``).
+
+    async def _ack(
         self,
         delivery: Delivery,
         job: Job | None,
         lease: Lease | None,
-        record_ttl: float = 0.0,
-        finish: Finish | None = None,
+        finish: Finish,
+        record_ttl: float,
     ) -> bool:
         if not self._settle(delivery, lease):
             return False
-        if job is not None:
-            if completion_key(job) is not None and record_ttl > 0:
-                self._q.key_records[f"done:{job.key}"] = (job.id, time.monotonic() + record_ttl)
-            end = finish or Finish()
-            fields = end.fields(self.consumer, time.time())
-            self.local_records.finish(job, end.state, fields, end.keep_for)
+        if job is not None and completion_key(job) is not None and record_ttl > 0:
+            self._q.key_records[f"done:{job.key}"] = (job.id, time.monotonic() + record_ttl)
         self._q.bump("processed")
         return True
 
-    async def retry(
+    async def _retry(
         self,
         delivery: Delivery,
         job: Job,
         run_at: float,
         lease: Lease | None,
-        failure: Failure | None = None,
+        failure: Failure | None,
     ) -> bool:
         if not self._settle(delivery, lease):
             return False
         heapq.heappush(self._q.delayed, (run_at, next(self._q.ids), job.encode()))
-        self.local_records.retrying(job, run_at, failure_fields(failure) if failure else {})
         self._q.bump("retried")
         self._q.notify()
         return True
 
-    async def defer(self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None) -> bool:
+    async def _defer(
+        self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None
+    ) -> bool:
         if not self._settle(delivery, lease):
             return False
         heapq.heappush(self._q.delayed, (run_at, next(self._q.ids), job.encode()))
-        self.local_records.deferred(job, run_at)
         self._q.bump("deferred")
         self._q.notify()
         return True
 
-    def limited_lease_backend(self, job: Job, limits: Limits) -> LeaseBackend:
-        q = self._q
-        return LimitedStart(self.job_lease_backend(job), q.limiter, limits, q.leases.owner)
-
-    async def dead_letter(
+    async def _dead_letter(
         self,
         delivery: Delivery,
         job: Job | None,
         failure: Failure,
         attempts: int,
         lease: Lease | None,
-        keep_for: float = DEFAULT_KEEP_FOR,
+        keep_for: float,
     ) -> str | None:
         if not self._settle(delivery, lease):
             return None
@@ -323,38 +264,26 @@ class MemoryBroker(LocalViews, LocalDebouncedPublish, Broker):
             last_failed_at=failure.failed_at,
             worker=failure.worker,
         )
-        if job is not None:
-            fields = Finish(failure=failure).fields(failure.worker or self.consumer, time.time())
-            self.local_records.finish(job, "dead", {**fields, "dlq_entry": entry_id}, keep_for)
         self._q.bump("dead")
         while self.dlq_limit > 0 and len(self._q.dlq) > self.dlq_limit:
             self._q.dlq.popitem(last=False)
             self._q.bump("dlq_trimmed")
         return entry_id
 
-    async def requeue(
-        self, delivery: Delivery, lease: Lease | None, job: Job | None = None
-    ) -> bool:
+    async def _give_back(self, delivery: Delivery, lease: Lease | None, job: Job | None) -> bool:
         p = self._q.pending.get(delivery.id)
         if p is None or p.consumer != self.consumer:
             return False
         self._settle(delivery, lease)
-        if job is not None:
-            self.local_records.requeued(job.id)
         self._q.waiting[self._q.next_id()] = delivery.data
         self._q.notify()
         return True
 
     async def depth(self) -> QueueDepth:
-        q = self._q
-        return QueueDepth(len(q.waiting), len(q.pending), len(q.delayed), len(q.dlq))
+        return await self._q.depth()
 
     async def stats(self) -> dict[str, int]:
         return dict(self._q.stats)
-
-    async def publish_heartbeat(self, worker: str, data: dict[str, Any], ttl: float) -> None:
-        await super().publish_heartbeat(worker, data, ttl)
-        await self.sample_depth(time.time())  # LocalViews: one sample per bucket
 
     async def dlq_list(self, count: int = 100, after: str | None = None) -> list[DeadJob]:
         items = list(self._q.dlq.values())
@@ -371,7 +300,7 @@ class MemoryBroker(LocalViews, LocalDebouncedPublish, Broker):
         for entry_id, job in entries:
             if self._q.dlq.pop(entry_id, None) is not None:
                 self._q.waiting[self._q.next_id()] = job.encode()
-                self.local_records.replayed(job)
+                self._q.records.replayed(job)
                 n += 1
         self._q.notify()
         return n

@@ -11,38 +11,29 @@ this consumer).
 
 Each delivery remembers its queue (``queue_of``): its settle steps, keep-alive and hand-back
 go to that queue's broker. Calls without a delivery fan out (due jobs, recovery, depth,
-stats, heartbeats, running-job states); job records are looked up in every queue. Producing,
-leases and locks, schedule marks, views and the DLQ calls go to the *home* broker (the
-app's): resource locks (``ctx.lock``) are shared by the jobs of every queue.
+stats); its parts span the queues (``_fanout.py``: job records looked up in every queue,
+heartbeats and depth samples in every queue). Producing, leases and locks, the schedule
+marks, debounce, limits and the DLQ calls are the *home* broker's (the app's): resource
+locks (``ctx.lock``) are shared by the jobs of every queue.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import Any
 
 from ...errors import ConfigError
 from ...flow import Limits
 from ...job import Job
 from ...lease import Lease, LeaseBackend
-from ...record import DEFAULT_KEEP_FOR
-from ..base import Broker, DeadJob, Delivery, Failure, Finish
-from ..local.history import DelayedJob, DepthSample
-from ..local.marks import ScheduleMark
+from ..base import Broker
+from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth, total_counters
 from ..redis import RedisBroker, can_wait_together, wait_together
-from ._fanout import FanOut
-from ._plan import QueuePlan, check_queue, queue_plan, sqs_url_for
+from ._fanout import FanOutHistory, FanOutRecords, FanOutStatus, distinct
 
-__all__ = [
-    "QUEUE_ATTRIBUTE",
-    "MultiBroker",
-    "QueuePlan",
-    "check_queue",
-    "queue_of",
-    "queue_plan",
-    "sqs_url_for",
-]
+__all__ = ["QUEUE_ATTRIBUTE", "MultiBroker", "queue_of"]
 
 #: The ``Delivery.attributes`` entry naming the queue a delivery came from.
 QUEUE_ATTRIBUTE = "aqw-queue"
@@ -56,7 +47,7 @@ def queue_of(delivery: Delivery, default: str = "") -> str:
     return delivery.attributes.get(QUEUE_ATTRIBUTE, default)
 
 
-class MultiBroker(FanOut, Broker):
+class MultiBroker(Broker):
     """Several queues' brokers consumed as one, in strict order or by weight.
 
     Args:
@@ -81,16 +72,30 @@ class MultiBroker(FanOut, Broker):
             raise ConfigError("queues: one weight per queue")
         self.brokers = dict(brokers)
         self.names = tuple(brokers)
-        self.home = home if home is not None else self.brokers[self.names[0]]
-        super().__init__(self.home.queue)
-        self.system = self.home.system
-        self.enforces_limits = self.home.enforces_limits
+        self.home = home = home if home is not None else self.brokers[self.names[0]]
+        queues = self.queue_brokers()
+        super().__init__(
+            home.queue,
+            records=FanOutRecords([home, *queues], self.names),
+            status=FanOutStatus(queues),
+            marks=home.marks,
+            history=None if home.history is None else FanOutHistory(home.history, queues),
+            debounce=home.debounce,
+            flow_limits=home.flow_limits,
+            server=home.server,
+        )
+        self.system = home.system
+        self.in_process = home.in_process
         errors: list[type[BaseException]] = []
-        for broker in (self.home, *self.brokers.values()):
+        for broker in (home, *self.brokers.values()):
             errors += [e for e in broker.transient_errors if e not in errors]
         self.transient_errors = tuple(errors)
         self.weights = None if weights is None else tuple(float(w) for w in weights)
         self._credit = dict.fromkeys(self.names, 0.0)
+
+    def queue_brokers(self, *, home: bool = False) -> list[Broker]:
+        """The queues' brokers, each once (``home``: the home broker first)."""
+        return distinct([self.home, *self.brokers.values()] if home else [*self.brokers.values()])
 
     def describe(self) -> str:
         return f"{self.brokers[self.names[0]].describe()} queues={','.join(self.names)}"
@@ -117,11 +122,6 @@ class MultiBroker(FanOut, Broker):
         for broker in self.queue_brokers():
             broker.expect_lease_ttl(seconds)
 
-    def set_priority_share(self, share: float) -> None:
-        super().set_priority_share(share)
-        for broker in self.queue_brokers():
-            broker.set_priority_share(share)
-
     # -- producing: the home queue ---------------------------------------------------------
 
     async def publish(self, jobs: Sequence[Job]) -> None:
@@ -137,31 +137,30 @@ class MultiBroker(FanOut, Broker):
     async def publish_unique(self, job: Job, ttl: float, run_at: float | None) -> tuple[str, bool]:
         return await self.home.publish_unique(job, ttl, run_at)
 
-    async def publish_debounced(
-        self, job: Job, debounce: float, debounce_max: float | None
-    ) -> tuple[str, bool]:
-        return await self.home.publish_debounced(job, debounce, debounce_max)
-
     # -- consuming -------------------------------------------------------------------------
 
-    async def fetch(self, count: int, block: float) -> list[Delivery]:
+    async def fetch(self, count: int, block: float, share: float = 0.0) -> list[Delivery]:
         """Up to ``count`` deliveries from the queues, by order or weight, without waiting;
-        only when every queue is empty, wait up to ``block`` seconds for the first."""
+        only when every queue is empty, wait up to ``block`` seconds for the first.
+        ``share``: each queue's priority share."""
         if count <= 0:
             return []
-        got = await (self._take_strict(count) if self.weights is None else self._take(count))
+        if self.weights is None:
+            got = await self._take_strict(count, share)
+        else:
+            got = await self._take(count, share)
         if got or block <= 0:
             return got
-        return await self._wait(count, block)
+        return await self._wait(count, block, share)
 
-    async def _from(self, name: str, count: int, block: float | None) -> list[Delivery]:
-        got = await self.brokers[name].fetch(count, block or 0.0)
+    async def _from(self, name: str, count: int, block: float, share: float) -> list[Delivery]:
+        got = await self.brokers[name].fetch(count, block, share)
         return _tagged(name, got)
 
-    async def _take_strict(self, count: int) -> list[Delivery]:
+    async def _take_strict(self, count: int, share: float) -> list[Delivery]:
         out: list[Delivery] = []
         for name in self.names:
-            out += await self._from(name, count - len(out), None)
+            out += await self._from(name, count - len(out), 0.0, share)
             if len(out) >= count:
                 break
         return out
@@ -181,14 +180,14 @@ class MultiBroker(FanOut, Broker):
             shares[pick] += 1
         return shares
 
-    async def _take(self, count: int) -> list[Delivery]:
+    async def _take(self, count: int, share: float) -> list[Delivery]:
         out: list[Delivery] = []
         empty: set[str] = set()
-        for name, share in self._shares(count).items():
-            if share:
-                got = await self._from(name, share, None)
+        for name, slots in self._shares(count).items():
+            if slots:
+                got = await self._from(name, slots, 0.0, share)
                 out += got
-                if len(got) < share:
+                if len(got) < slots:
                     empty.add(name)
         assert self.weights is not None
         heaviest = sorted(zip(self.weights, self.names, strict=True), key=lambda p: -p[0])
@@ -196,10 +195,10 @@ class MultiBroker(FanOut, Broker):
             if len(out) >= count:
                 break
             if name not in empty:
-                out += await self._from(name, count - len(out), None)
+                out += await self._from(name, count - len(out), 0.0, share)
         return out
 
-    async def _wait(self, count: int, block: float) -> list[Delivery]:
+    async def _wait(self, count: int, block: float, share: float) -> list[Delivery]:
         """One blocking read over every queue's streams when they are Redis queues on one
         server (``_redis_wait.py``); else each queue in turn waits a short slice, until one
         delivers or ``block`` passes."""
@@ -215,7 +214,7 @@ class MultiBroker(FanOut, Broker):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return []
-                got = await self._from(name, count, min(WAIT_SLICE, left))
+                got = await self._from(name, count, min(WAIT_SLICE, left), share)
                 if got:
                     return got
             spent = time.monotonic() - started
@@ -245,73 +244,75 @@ class MultiBroker(FanOut, Broker):
     async def keep_alive(self, delivery: Delivery) -> bool:
         return await self.broker_of(delivery).keep_alive(delivery)
 
+    async def give_back_unstarted(self, running: set[str]) -> int:
+        return sum([await b.give_back_unstarted(running) for b in self.queue_brokers()])
+
+    async def promote_due(self) -> float | None:
+        waits = [await b.promote_due() for b in self.queue_brokers()]
+        due = [w for w in waits if w is not None]
+        return min(due) if due else None
+
     # -- settling: the delivery's own queue ------------------------------------------------
 
-    async def ack(
+    def _ack(
         self,
         delivery: Delivery,
         job: Job | None,
         lease: Lease | None,
-        record_ttl: float = 0.0,
-        finish: Finish | None = None,
-    ) -> bool:
-        return await self.broker_of(delivery).ack(delivery, job, lease, record_ttl, finish)
+        finish: Finish,
+        record_ttl: float,
+    ) -> Coroutine[Any, Any, bool]:
+        return self.broker_of(delivery).ack(delivery, job, lease, record_ttl, finish)
 
-    async def retry(
+    def _retry(
         self,
         delivery: Delivery,
         job: Job,
         run_at: float,
         lease: Lease | None,
-        failure: Failure | None = None,
-    ) -> bool:
-        return await self.broker_of(delivery).retry(delivery, job, run_at, lease, failure)
+        failure: Failure | None,
+    ) -> Coroutine[Any, Any, bool]:
+        return self.broker_of(delivery).retry(delivery, job, run_at, lease, failure)
 
-    async def dead_letter(
+    def _dead_letter(
         self,
         delivery: Delivery,
         job: Job | None,
         failure: Failure,
         attempts: int,
         lease: Lease | None,
-        keep_for: float = DEFAULT_KEEP_FOR,
-    ) -> str | None:
+        keep_for: float,
+    ) -> Coroutine[Any, Any, str | None]:
         broker = self.broker_of(delivery)
-        return await broker.dead_letter(delivery, job, failure, attempts, lease, keep_for)
+        return broker.dead_letter(delivery, job, failure, attempts, lease, keep_for)
 
-    async def requeue(
-        self, delivery: Delivery, lease: Lease | None, job: Job | None = None
-    ) -> bool:
-        return await self.broker_of(delivery).requeue(delivery, lease, job)
+    def _give_back(
+        self, delivery: Delivery, lease: Lease | None, job: Job | None
+    ) -> Coroutine[Any, Any, bool]:
+        return self.broker_of(delivery).give_back(delivery, lease, job)
 
-    async def defer(self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None) -> bool:
-        return await self.broker_of(delivery).defer(delivery, job, run_at, lease)
+    def _defer(
+        self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None
+    ) -> Coroutine[Any, Any, bool]:
+        return self.broker_of(delivery).defer(delivery, job, run_at, lease)
 
     async def is_completed(self, job: Job) -> bool:
         return await self.home.is_completed(job)
 
-    # -- the home queue's: job leases, schedule marks, views, the DLQ (``aqw dlq --queue Q``)
+    def job_lease_backend(self, job: Job, limits: Limits | None = None) -> LeaseBackend:
+        return self.home.job_lease_backend(job, limits)
 
-    def job_lease_backend(self, job: Job) -> LeaseBackend:
-        return self.home.job_lease_backend(job)
+    # -- inspection: every queue; the dead-letter queue: the home queue's (``aqw dlq --queue Q``)
 
-    def limited_lease_backend(self, job: Job, limits: Limits) -> LeaseBackend:
-        return self.home.limited_lease_backend(job, limits)
+    async def queue_depths(self) -> dict[str, QueueDepth]:
+        """Each queue's depth, by name."""
+        return {name: await self.brokers[name].depth() for name in self.names}
 
-    async def schedule_marks(self) -> dict[str, ScheduleMark]:
-        return await self.home.schedule_marks()
+    async def depth(self) -> QueueDepth:
+        return QueueDepth.total((await self.queue_depths()).values())
 
-    async def set_schedule_mark(self, task: str, mark: ScheduleMark) -> None:
-        await self.home.set_schedule_mark(task, mark)
-
-    async def sample_depth(self, at: float) -> None:
-        await self.home.sample_depth(at)
-
-    async def depth_history(self, since: float) -> list[DepthSample]:
-        return await self.home.depth_history(since)
-
-    async def delayed_page(self, start: int, count: int) -> list[DelayedJob]:
-        return await self.home.delayed_page(start, count)
+    async def stats(self) -> dict[str, int]:
+        return total_counters([await broker.stats() for broker in self.queue_brokers()])
 
     async def dlq_list(self, count: int = 100, after: str | None = None) -> list[DeadJob]:
         return await self.home.dlq_list(count, after)

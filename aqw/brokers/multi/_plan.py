@@ -1,5 +1,4 @@
-"""The ``queues=`` option of a worker (``QueuePlan``), queue names as arguments, and the
-``sqs://`` URL of another queue with the same options."""
+"""The ``queues=`` option of a worker (``QueuePlan``) and queue names as arguments."""
 
 from __future__ import annotations
 
@@ -66,20 +65,3 @@ def queue_plan(queues: object) -> QueuePlan:
             raise ConfigError(f"queues: {name!r} is named twice")
         seen.add(name)
     return QueuePlan(tuple(names), weights)
-
-
-def sqs_url_for(url: str, queue: str) -> str:
-    """The ``sqs://`` URL of another queue with the same options: the queue name (or the
-    last part of a queue URL) replaced; a ``dlq=NAME`` option dropped, so each queue uses its
-    own RedrivePolicy's dead-letter queue (``dlq=none`` is kept)."""
-    rest, _, query = url[len("sqs://") :].partition("?")
-    if rest.lower().startswith(("http://", "https://")):
-        rest = rest.rstrip("/").rpartition("/")[0] + "/" + queue
-    else:
-        rest = queue
-    kept = [
-        pair
-        for pair in query.split("&")
-        if pair and not (pair.startswith("dlq=") and pair[4:].lower() != "none")
-    ]
-    return f"sqs://{rest}" + ("?" + "&".join(kept) if kept else "")

@@ -4,18 +4,21 @@ Layout (all keys share the ``{queue}`` hash tag): ``aqw:{q}:stream`` holds unfin
 (entries are deleted when settled, so it stays bounded), ``aqw:{q}:delayed`` (ZSET by due
 time), ``aqw:{q}:dlq`` (capped stream), ``aqw:{q}:fence`` (fencing counter),
 ``aqw:{q}:lease:<job id>``, ``aqw:{q}:stats``, and per job its record ``aqw:{q}:job:<id>``
-(``aqw/record.py``; written by the same scripts that move the job, ``_redis_jobs.py``), the
-``aqw:{q}:running`` index of running jobs, ``aqw:{q}:schedule`` (the periodic tasks' marks,
-``_redis_schedule.py``) and, while someone waits for a job to end, ``aqw:{q}:waiters:<id>``
-and the waiting processes' inboxes (``aqw/_redis/waiters.py``). A priority level N > 0 has
-its own ``aqw:{q}:stream:pN`` and ``aqw:{q}:delayed:pN``, listed in ``aqw:{q}:levels``
-(``_redis_levels.py``).
+(``aqw/record.py``; written by the same scripts that move the job), the ``aqw:{q}:running``
+index of running jobs, ``aqw:{q}:schedule`` (the periodic tasks' marks) and, while someone
+waits for a job to end, ``aqw:{q}:waiters:<id>`` and the waiting processes' inboxes
+(``aqw/_redis/waiters.py``). A priority level N > 0 has its own ``aqw:{q}:stream:pN`` and
+``aqw:{q}:delayed:pN``, listed in ``aqw:{q}:levels`` (``_priorities.py``).
+
+Every part is shared: the records (``_records.py``), heartbeats (``_status.py``), schedule
+marks (``_marks.py``), depth history (``_history.py``), debounce (``_debounce.py``), the
+limits its start step enforces (``_job_start.py``) and its server (``_server.py``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
@@ -23,7 +26,7 @@ from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
 from ..._redis import scripts as _scripts
 from ..._redis.batch import CommandBatcher
-from ..._redis.client import MAX_BLOCK, describe_broker, make_client, split_queue
+from ..._redis.client import MAX_BLOCK, describe_broker, make_client
 from ..._redis.cluster import CLUSTER_TRANSIENT_ERRORS
 from ..._redis.keys import GROUP, QueueKeys
 from ..._redis.lease import RedisLeaseBackend
@@ -31,23 +34,29 @@ from ..._redis.waiters import JobWaiters
 from ...flow import Limits, completion_key
 from ...job import Job
 from ...lease import Lease, LeaseBackend
-from ...record import DEFAULT_KEEP_FOR, JobInfo
-from ..base import Broker, DeadJob, Delivery, Failure, Finish, QueueDepth
-from ..local.marks import ScheduleMark
-from ..local.records import CancelOutcome
-from ._debounce import RedisDebouncedPublish
+from ..base import Broker
+from ..local import ShareCredit
+from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth
+from ..parts import StartLimits
+from ._debounce import RedisDebounce
 from ._entries import dead_job_of, text
-from ._history import RedisViews
-from ._job_start import RedisJobLease, defer
+from ._history import RedisDepthHistory
+from ._job_start import RedisJobLease
 from ._jobs import RedisJobs
-from ._marks import RedisSchedule
+from ._marks import RedisScheduleMarks
 from ._priorities import RedisLevels, locate
-from ._status import RedisStatus
+from ._records import RedisJobRecords
+from ._server import RedisServer
+from ._settle import RedisSettle
+from ._status import RedisWorkerStatus, read_stats
 
-__all__ = ["MAX_BLOCK", "RedisBroker", "make_client", "split_queue"]
+#: Rate limits and caps are enforced in ``job_start.lua``, for every worker of the queue.
+LIMITS = StartLimits(shared=True)
+
+Step = Coroutine[Any, Any, bool]
 
 
-class RedisBroker(RedisViews, RedisDebouncedPublish, Broker):
+class RedisBroker(Broker):
     """A queue on Redis Streams.
 
     Args:
@@ -62,7 +71,6 @@ class RedisBroker(RedisViews, RedisDebouncedPublish, Broker):
     """
 
     system = "redis"
-    enforces_limits = True  # in job_start.lua, for every worker (``_redis_start.py``)
     describe = describe_broker  # Broker.describe: ``redis://host:port/db queue=q``
     #: redis-py's connection and timeout errors, besides the built-in ones, and a cluster's
     #: errors while slots move (``CLUSTERDOWN`` and ``TRYAGAIN`` during a failover).
@@ -81,23 +89,36 @@ class RedisBroker(RedisViews, RedisDebouncedPublish, Broker):
         dlq_limit: int = 100_000,
         partition: int | None = None,
     ):
-        super().__init__(queue)
         self.url = client if isinstance(client, str) else None
         self.client: Redis = make_client(client) if isinstance(client, str) else client
         self._owns_client = isinstance(client, str)
-        self.keys = QueueKeys(queue, partition)
+        self.keys = keys = QueueKeys(queue, partition)
         self.dlq_limit = dlq_limit
-        self.batcher = CommandBatcher(self.client)
-        self.status = RedisStatus(self.client, self.batcher, self.keys)
-        self._leases = RedisLeaseBackend(self.batcher, fence_key=self.keys.fence)
-        self.jobs = RedisJobs(self.client, self.batcher, self.keys, self._leases, dlq_limit)
-        self.waiters = JobWaiters(self.client, self.batcher, self.keys)
-        self.marks = RedisSchedule(self.client, self.keys)
-        self.levels = RedisLevels(self.batcher, self.keys)  # priority levels
+        self.batcher = batcher = CommandBatcher(self.client)
+        self.levels = RedisLevels(batcher, keys)  # priority levels
+        self.waiters = JobWaiters(self.client, batcher, keys)
+        super().__init__(
+            queue,
+            records=RedisJobRecords(self.client, batcher, keys, self.waiters),
+            status=RedisWorkerStatus(self.client, keys),
+            marks=RedisScheduleMarks(self.client, keys),
+            history=RedisDepthHistory(self.client, batcher, keys, self.levels),
+            debounce=RedisDebounce(batcher, keys, self.levels),
+            flow_limits=LIMITS,
+            server=RedisServer(self.client, [keys]),
+        )
+        self._leases = RedisLeaseBackend(batcher, fence_key=keys.fence)
+        self.jobs = RedisJobs(self.client, batcher, keys, self._leases, dlq_limit)
+        self.steps = RedisSettle(self.client, batcher, keys, dlq_limit)
+        self._share = ShareCredit()
         #: The consumer names this broker has read as (``_holder``).
         self._read_as: set[str] = set()
         self._keep_alive = _scripts.load("keep_alive")
         self._group_ready = False
+
+    def sibling(self, queue: str) -> RedisBroker:
+        """Queue ``queue`` on this broker's client (one connection pool)."""
+        return RedisBroker(self.client, queue, dlq_limit=self.dlq_limit)
 
     async def connect(self) -> None:
         await self.client.ping()
@@ -118,7 +139,7 @@ class RedisBroker(RedisViews, RedisDebouncedPublish, Broker):
 
     # -- producing -------------------------------------------------------------------------
 
-    # A job of a priority level > 0 announces its level (``_redis_levels.py``) the first
+    # A job of a priority level > 0 announces its level (``_priorities.py``) the first
     # time this process uses it, in the same round trip as its enqueue.
 
     async def publish(self, jobs: Sequence[Job]) -> None:
@@ -129,24 +150,22 @@ class RedisBroker(RedisViews, RedisDebouncedPublish, Broker):
         job_id, duplicate = await self.levels.around([job], step)
         return text(job_id), bool(duplicate)
 
-    async def publish_debounced(
-        self, job: Job, debounce: float, debounce_max: float | None
-    ) -> tuple[str, bool]:
-        step = super().publish_debounced(job, debounce, debounce_max)
-        return await self.levels.around([job], step)
-
     async def schedule(self, jobs: Sequence[Job], run_at: float) -> None:
         await self.levels.around(jobs, self.jobs.publish(jobs, run_at))
 
+    async def is_completed(self, job: Job) -> bool:
+        key = completion_key(job)  # None: no key, or a debounce key
+        return key is not None and bool(await self.batcher.execute("EXISTS", self.keys.done(key)))
+
     # -- consuming -------------------------------------------------------------------------
 
-    async def fetch(self, count: int, block: float) -> list[Delivery]:
+    async def fetch(self, count: int, block: float, share: float = 0.0) -> list[Delivery]:
         """Highest priority level first (a share from the lowest waiting one), reading the
         levels in use in the same step (``RedisLevels.fetch``); ``block`` <= 0: no wait."""
         block_ms = max(1, int(min(block, MAX_BLOCK) * 1000)) if block > 0 else 0
-        share = len(self.levels.active) > 1 and self.share_fetch()
+        lowest = len(self.levels.active) > 1 and self._share.turn(share)
         self._read_as.add(self.consumer)
-        return await self.levels.fetch(self.consumer, count, block_ms, share)
+        return await self.levels.fetch(self.consumer, count, block_ms, lowest)
 
     def _holder(self, delivery: Delivery) -> str:
         """The consumer holding ``delivery`` in the group's pending list: the one this broker
@@ -175,7 +194,7 @@ class RedisBroker(RedisViews, RedisDebouncedPublish, Broker):
             for entry in pending:
                 entry_id = text(entry["message_id"])
                 back = Delivery(entry_id, b"", level=level)
-                if entry_id not in running and await self.requeue(back, None):
+                if entry_id not in running and await self.give_back(back, None):
                     given += 1
         return given
 
@@ -188,6 +207,15 @@ class RedisBroker(RedisViews, RedisDebouncedPublish, Broker):
             return None
         return max(0.0, int(next_due) / 1000 - time.time())
 
+    async def keep_alive(self, delivery: Delivery) -> bool:
+        stream, entry_id = locate(self.keys, delivery)  # the stream of its level
+        ok = await self.batcher.script(
+            self._keep_alive, [stream], [GROUP, self._holder(delivery), entry_id]
+        )
+        return bool(ok)
+
+    # -- leases and the job's start ----------------------------------------------------------
+
     def lease_backend(self) -> LeaseBackend:
         return self._leases
 
@@ -197,112 +225,48 @@ class RedisBroker(RedisViews, RedisDebouncedPublish, Broker):
     def lock_key(self, name: str) -> str:
         return self.keys.lock(name)
 
-    async def keep_alive(self, delivery: Delivery) -> bool:
-        stream, entry_id = locate(self.keys, delivery)  # the stream of its level
-        ok = await self.batcher.script(
-            self._keep_alive, [stream], [GROUP, self._holder(delivery), entry_id]
-        )
-        return bool(ok)
+    def job_lease_backend(self, job: Job, limits: Limits | None = None) -> LeaseBackend:
+        return RedisJobLease(self.jobs, job, self.consumer, limits)
 
-    # -- settling (``_redis_jobs.py``) ------------------------------------------------------
+    # -- settling: one script each (``_settle.py``), handed to the base's steps as it is ----
 
-    async def ack(
+    def _ack(
         self,
         delivery: Delivery,
         job: Job | None,
         lease: Lease | None,
-        record_ttl: float = 0.0,
-        finish: Finish | None = None,
-    ) -> bool:
-        return await self.jobs.ack(self._holder(delivery), delivery, job, lease, record_ttl, finish)
+        finish: Finish,
+        record_ttl: float,
+    ) -> Step:
+        return self.steps.ack(self._holder(delivery), delivery, job, lease, finish, record_ttl)
 
-    async def retry(
+    def _retry(
         self,
         delivery: Delivery,
         job: Job,
         run_at: float,
         lease: Lease | None,
-        failure: Failure | None = None,
-    ) -> bool:
-        return await self.jobs.retry(self._holder(delivery), delivery, job, run_at, lease, failure)
+        failure: Failure | None,
+    ) -> Step:
+        return self.steps.retry(self._holder(delivery), delivery, job, run_at, lease, failure)
 
-    async def dead_letter(
+    def _dead_letter(
         self,
         delivery: Delivery,
         job: Job | None,
         failure: Failure,
         attempts: int,
         lease: Lease | None,
-        keep_for: float = DEFAULT_KEEP_FOR,
-    ) -> str | None:
-        entry = await self.jobs.dead_letter(
-            self._holder(delivery), delivery, job, failure, attempts, lease, keep_for
-        )
-        return None if entry is None else text(entry)  # the DLQ entry's id (None: refused)
+        keep_for: float,
+    ) -> Coroutine[Any, Any, str | None]:
+        holder = self._holder(delivery)
+        return self.steps.dead_letter(holder, delivery, job, failure, attempts, lease, keep_for)
 
-    async def requeue(
-        self, delivery: Delivery, lease: Lease | None, job: Job | None = None
-    ) -> bool:
-        return await self.jobs.requeue(self._holder(delivery), delivery, lease, job)
+    def _give_back(self, delivery: Delivery, lease: Lease | None, job: Job | None) -> Step:
+        return self.steps.give_back(self._holder(delivery), delivery, lease, job)
 
-    async def defer(self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None) -> bool:
-        return await defer(self.jobs, self._holder(delivery), delivery, job, run_at, lease)
-
-    async def is_completed(self, job: Job) -> bool:
-        key = completion_key(job)  # None: no key, or a debounce key
-        return key is not None and bool(await self.batcher.execute("EXISTS", self.keys.done(key)))
-
-    # -- job records -----------------------------------------------------------------------
-
-    def job_lease_backend(self, job: Job) -> LeaseBackend:
-        return RedisJobLease(self.jobs, job, self.consumer, None)
-
-    def limited_lease_backend(self, job: Job, limits: Limits) -> LeaseBackend:
-        return RedisJobLease(self.jobs, job, self.consumer, limits)
-
-    async def record(self, job_id: str) -> JobInfo | None:
-        """The job's record; None also when its key holds another type than a hash (not a
-        record aqw wrote: ``cancel`` says "unknown" and ``wait_finished`` raises
-        ``UnknownJob`` for it too)."""
-        return await self.waiters.read(job_id)
-
-    async def cancel(self, job_id: str, keep_for: float = DEFAULT_KEEP_FOR) -> CancelOutcome:
-        return await self.jobs.cancel(job_id, keep_for)
-
-    async def cancel_requested(self, job_id: str) -> bool:
-        return await self.jobs.cancel_requested(job_id)
-
-    async def wait_finished(self, job_id: str, timeout: float | None) -> JobInfo:
-        return await self.waiters.wait(job_id, timeout)
-
-    async def set_job_state(self, job_id: str, state: dict[str, str], ttl: float) -> None:
-        await self.status.set_job_state(job_id, state, ttl)
-
-    async def clear_job_state(self, job_id: str) -> None:
-        await self.status.clear_job_state(job_id)
-
-    async def job_state(self, job_id: str) -> dict[str, str] | None:
-        return await self.status.job_state(job_id)
-
-    async def job_states(self, limit: int = 1000) -> list[dict[str, str]]:
-        return await self.status.job_states(limit)
-
-    async def schedule_marks(self) -> dict[str, ScheduleMark]:
-        return await self.marks.marks()  # ``aqw:{q}:schedule``, shared by every process
-
-    async def set_schedule_mark(self, task: str, mark: ScheduleMark) -> None:
-        await self.marks.set_mark(task, mark)
-
-    async def publish_heartbeat(self, worker: str, data: dict[str, Any], ttl: float) -> None:
-        await self.status.publish_heartbeat(worker, data, ttl)
-        await self.sample_depth(time.time())  # RedisViews: one sample per bucket
-
-    async def heartbeats(self) -> list[dict[str, Any]]:
-        """Up to 1000 heartbeats; a damaged one comes back as ``aqw._damage.damaged_heartbeat``."""
-        return await self.status.heartbeats()
-
-    async def remove_heartbeat(self, worker: str) -> None:
-        await self.status.remove_heartbeat(worker)
+    def _defer(self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None) -> Step:
+        return self.steps.defer(self._holder(delivery), delivery, job, run_at, lease)
 
     # -- inspection ------------------------------------------------------------------------
 
@@ -312,7 +276,7 @@ class RedisBroker(RedisViews, RedisDebouncedPublish, Broker):
     async def stats(self) -> dict[str, int]:
         """The counters of the stats hash (at most 1000 fields); a field that is not an
         integer is left out (``aqw status`` names it)."""
-        return await self.status.stats()
+        return await read_stats(self.client, self.keys)
 
     # -- dead-letter queue -----------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Debounced enqueue on Redis (``RedisBroker.publish_debounced``): one call of
+"""Debounced enqueue on Redis (``RedisDebounce``, a shared ``Debounce`` part): one call of
 ``debounce.lua``, which replaces the key's waiting job or schedules a new one, and writes
 the job's record, atomically. The key's state is the hash ``aqw:{q}:debounce:<key>``."""
 
@@ -15,7 +15,7 @@ from ..._redis.scripts import ms
 from ...flow import DEBOUNCE_SLACK
 from ...job import Job
 from ...record import UNFINISHED_KEEP, stamp
-from ..local.debounce import DebouncedPublish
+from ._priorities import RedisLevels
 
 
 def split_at_id(job: Job) -> tuple[bytes, bytes]:
@@ -29,21 +29,32 @@ def split_at_id(job: Job) -> tuple[bytes, bytes]:
     return data[:start], data[start + len(job.id) :]
 
 
-class RedisDebouncedPublish(DebouncedPublish):
-    """``publish_debounced`` for ``RedisBroker``: its batcher and key names."""
+class RedisDebounce:
+    """Debounced enqueue on one queue (``RedisBroker.debounce``), shared by every process."""
 
-    batcher: CommandBatcher
-    keys: QueueKeys
+    shared = True
 
-    async def publish_debounced(
+    def __init__(self, batcher: CommandBatcher, keys: QueueKeys, levels: RedisLevels) -> None:
+        self._batcher = batcher
+        self._keys = keys
+        self._levels = levels
+        self._script = scripts.load("debounce")
+
+    async def publish(
         self, job: Job, debounce: float, debounce_max: float | None
     ) -> tuple[str, bool]:
-        """One ``debounce.lua`` call: (the waiting job's id, True when it replaced one)."""
+        """One ``debounce.lua`` call: (the waiting job's id, True when it replaced one),
+        announcing the job's priority level in the same round trip when it is new here."""
+        return await self._levels.around([job], self._publish(job, debounce, debounce_max))
+
+    async def _publish(
+        self, job: Job, debounce: float, debounce_max: float | None
+    ) -> tuple[str, bool]:
         assert job.key is not None
-        keys = self.keys
+        keys = self._keys
         before, after = split_at_id(job)
-        reply: Any = await self.batcher.script(
-            scripts.load("debounce"),
+        reply: Any = await self._batcher.script(
+            self._script,
             [keys.debounce(job.key), keys.delayed_for(job.priority)],
             [
                 keys.tag + ":",

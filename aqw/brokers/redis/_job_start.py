@@ -1,5 +1,5 @@
-"""A job's start on Redis, under its lease and its limits (``job_start.lua``), and its
-deferral (``defer.lua``): the same job back in the delayed set, no attempt spent."""
+"""A job's start on Redis, under its lease and its limits (``job_start.lua``): the start
+step of ``RedisBroker.job_lease_backend``."""
 
 from __future__ import annotations
 
@@ -8,18 +8,13 @@ import random
 import time
 from typing import Any
 
-from ..._redis import scripts
-from ..._redis.keys import GROUP
 from ..._redis.lease import RedisLeaseBackend
 from ..._redis.scripts import ms
 from ...errors import FenceCorrupted, JobCancelled, RateLimited
 from ...flow import Limits, cap_wait, rate_wait
 from ...job import Job
-from ...lease import Lease
 from ...record import UNFINISHED_KEEP
-from ..base import Delivery
 from ._jobs import RedisJobs
-from ._priorities import locate
 
 
 def _limit_args(limits: Limits) -> tuple[Any, ...]:
@@ -102,35 +97,3 @@ class RedisJobLease:
 
     async def release(self, key: str, token: str) -> bool:
         return await self._jobs.leases.release(key, token)
-
-
-async def defer(
-    jobs: RedisJobs,
-    consumer: str,
-    delivery: Delivery,
-    job: Job,
-    run_at: float,
-    lease: Lease | None,
-) -> bool:
-    """``Broker.defer`` on Redis: ``defer.lua``, into the delayed set of the job's level."""
-    k = jobs.keys
-    key, token = (lease.key, lease.token) if lease is not None else (k.lease("-"), "")
-    keep = UNFINISHED_KEEP + max(0.0, run_at - time.time())
-    stream, entry_id = locate(k, delivery)  # back to the delayed set of its level
-    ok = await jobs.batcher.script(
-        scripts.load("defer"),
-        [stream, k.delayed_for(job.priority), key, k.stats, k.record(job.id), k.running],
-        [
-            GROUP,
-            token,
-            entry_id,
-            int(run_at * 1000),
-            job.encode(),
-            consumer,
-            job.id,
-            ms(keep),
-            repr(run_at),
-            job.attempt - 1,
-        ],
-    )
-    return bool(ok)

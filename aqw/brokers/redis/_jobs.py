@@ -1,33 +1,28 @@
-"""The steps of a job on Redis, each one Lua script that moves the job and writes its record
-(``aqw:{q}:job:<id>``, ``aqw/record.py``) together, so a crash can never split the two:
-enqueue, start (the job's lease), settle (ack, retry, dead-letter, requeue), replay from the
-DLQ and cancel. ``RedisBroker`` delegates to ``RedisJobs``; the scripts' KEYS and ARGV are
-described at the top of each ``aqw/_redis/lua/*.lua``. A job's start under its lease and its
-limits, and its deferral, are in ``_redis_start.py``."""
+"""The enqueue steps of a job on Redis (``RedisJobs``), each one Lua script that writes the
+job and its record (``aqw:{q}:job:<id>``, ``aqw/record.py``) together, so a crash can never
+split the two: publish, schedule, publish with an idempotency key, replay from the DLQ. The
+scripts' KEYS and ARGV are described at the top of each ``aqw/_redis/lua/*.lua``. A job's
+start under its lease and its limits is in ``_job_start.py``; the settle steps (ack, retry,
+dead-letter, give back, defer), also one script each, are ``RedisBroker``'s own
+(``_broker.py``); cancellation is the records' (``_records.py``)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
 
 from ..._redis import scripts
 from ..._redis.batch import CommandBatcher
-from ..._redis.keys import GROUP, QueueKeys
+from ..._redis.keys import QueueKeys
 from ..._redis.lease import RedisLeaseBackend
 from ..._redis.scripts import ms
-from ...flow import completion_key
 from ...job import Job
-from ...lease import Lease
 from ...record import UNFINISHED_KEEP, stamp
-from ..base import Delivery, Failure, Finish, failure_fields
-from ..local.records import CancelOutcome
-from ._argv import ack_values, enqueue_args, enqueue_head, flat
-from ._priorities import locate
+from ._argv import enqueue_args, enqueue_head
 
 #: Most jobs one enqueue script call takes (``publish`` and ``schedule`` of more: one call
 #: per chunk, sent together).
@@ -66,12 +61,7 @@ class RedisJobs:
         self.unique = scripts.load("enqueue_unique")
         self.job_start = scripts.load("job_start")
         self.job_renew = scripts.load("job_renew")
-        self._ack = scripts.load("ack")
-        self._retry = scripts.load("retry")
-        self._dead = scripts.load("dead_letter")
-        self._requeue = scripts.load("requeue")
         self._replay = scripts.load("dlq_replay")
-        self._cancel = scripts.load("cancel")
 
     # -- producing -------------------------------------------------------------------------
 
@@ -154,171 +144,6 @@ class RedisJobs:
             [job.id, ms(ttl), *enqueue_args(job, run_at, time.time())],
         )
 
-    # -- settling --------------------------------------------------------------------------
-
-    def _lease_args(self, lease: Lease | None) -> tuple[str, str]:
-        if lease is None:
-            return self.keys.lease("-"), ""
-        return lease.key, lease.token
-
-    def _record_keys(self, job: Job | None) -> tuple[str, str, str]:
-        """(job id or '', its record key, its waiters key): a key of the queue's slot that
-        is never written stands in for a job that did not decode."""
-        job_id = job.id if job is not None else ""
-        name = job_id or "-"
-        return job_id, self.keys.record(name), self.keys.waiters(name)
-
-    async def ack(
-        self,
-        consumer: str,
-        delivery: Delivery,
-        job: Job | None,
-        lease: Lease | None,
-        record_ttl: float,
-        finish: Finish | None,
-    ) -> bool:
-        finish = finish or Finish()
-        token = lease.token if lease is not None else ""
-        idem = (completion_key(job) or "") if record_ttl > 0 else ""  # none for a debounce key
-        values: list[str] = []
-        if job is not None:  # the script adds the state, the worker and the finish time
-            if finish.result is not None:
-                values += ("result", finish.result)
-            if finish.note:
-                values += ("result_note", finish.note)
-            if finish.failure is not None:
-                values += flat(failure_fields(finish.failure))
-        stream, entry_id = locate(self.keys, delivery)  # its level's stream
-        extra = ack_values(idem, values)  # most jobs: no key, result nor error
-        ok = await self.batcher.merged(
-            self._ack,
-            (stream, self.keys.stats, self.keys.running),
-            (
-                GROUP,
-                consumer,
-                self.prefix,
-                finish.state,
-                ms(finish.keep_for),
-                ms(record_ttl) if record_ttl > 0 else 0,
-            ),
-            (),
-            (f"{len(extra)} {entry_id} {token} {job.id if job is not None else ''}", *extra),
-        )
-        return bool(ok)
-
-    async def retry(
-        self,
-        consumer: str,
-        delivery: Delivery,
-        job: Job,
-        run_at: float,
-        lease: Lease | None,
-        failure: Failure | None,
-    ) -> bool:
-        key, token = self._lease_args(lease)
-        fields = {
-            "state": "retrying",
-            "run_at": repr(run_at),
-            "attempts": str(job.attempt - 1),  # ``job`` is the next attempt: runs so far
-            "task": job.task,
-            "enqueued_at": repr(job.enqueued_at),
-        }
-        if failure is not None:
-            fields.update(failure_fields(failure))
-        keep = UNFINISHED_KEEP + max(0.0, run_at - time.time())
-        k = self.keys
-        stream, entry_id = locate(k, delivery)  # back to the delayed set of its level:
-        ok = await self.batcher.script(
-            self._retry,
-            [stream, k.delayed_for(job.priority), key, k.stats, k.record(job.id), k.running],
-            [
-                GROUP,
-                token,
-                entry_id,
-                int(run_at * 1000),
-                job.encode(),
-                consumer,
-                job.id,
-                ms(keep),
-                *flat(fields),
-            ],
-        )
-        return bool(ok)
-
-    async def dead_letter(
-        self,
-        consumer: str,
-        delivery: Delivery,
-        job: Job | None,
-        failure: Failure,
-        attempts: int,
-        lease: Lease | None,
-        keep_for: float,
-    ) -> Any:
-        key, token = self._lease_args(lease)
-        job_id, record, waiters = self._record_keys(job)
-        values: list[str] = []
-        if job is not None:
-            fields = {"finished_at": repr(time.time())}
-            if failure.worker or consumer:
-                fields["worker"] = failure.worker or consumer
-            fields.update(failure_fields(failure))
-            fields.update(task=job.task, enqueued_at=repr(job.enqueued_at))
-            values = flat(fields)
-        entry: list[Any] = [
-            "j",
-            delivery.data,
-            "task",
-            job.task if job else "",
-            "job_id",
-            job_id,
-            "error_type",
-            failure.error_type,
-            "error",
-            failure.error,
-            "tb",
-            failure.traceback,
-            "attempts",
-            attempts,
-            "first",
-            repr(failure.first_failed_at or failure.failed_at),
-            "last",
-            repr(failure.failed_at),
-            "worker",
-            failure.worker,
-        ]
-        k = self.keys
-        stream, entry_id = locate(k, delivery)
-        return await self.batcher.script(
-            self._dead,
-            [stream, k.dlq, key, k.stats, record, waiters, k.running],
-            [
-                GROUP,
-                token,
-                entry_id,
-                self.dlq_limit,
-                consumer,
-                job_id,
-                ms(keep_for),
-                len(values),
-                *values,
-                *entry,
-            ],
-        )
-
-    async def requeue(
-        self, consumer: str, delivery: Delivery, lease: Lease | None, job: Job | None
-    ) -> bool:
-        key, token = self._lease_args(lease)
-        job_id, record, _ = self._record_keys(job)
-        stream, entry_id = locate(self.keys, delivery)
-        ok = await self._requeue(
-            self.client,
-            [stream, key, record, self.keys.running],
-            [GROUP, consumer, token, entry_id, job_id, ms(UNFINISHED_KEEP)],
-        )
-        return ok is not None
-
     async def dlq_replay(self, entries: Sequence[tuple[str, Job]]) -> int:
         levels = sorted({job.priority for _, job in entries})
         if len(levels) > 1:  # one call per level: each job back to its own level's stream
@@ -340,22 +165,3 @@ class RedisJobs:
                 job.key or "",
             ]
         return int(await self._replay(self.client, keys, argv))
-
-    # -- records ---------------------------------------------------------------------------
-
-    async def cancel(self, job_id: str, keep_for: float) -> CancelOutcome:
-        k = self.keys
-        outcome = await self.batcher.script(
-            self._cancel,
-            [k.record(job_id), k.waiters(job_id), k.stats],
-            [job_id, ms(keep_for), repr(time.time())],
-        )
-        text = outcome.decode() if isinstance(outcome, bytes) else str(outcome)
-        return cast(CancelOutcome, text)
-
-    async def cancel_requested(self, job_id: str) -> bool:
-        try:
-            flag = await self.batcher.execute("HGET", self.keys.record(job_id), "cancel")
-        except ResponseError:  # WRONGTYPE: not a record aqw wrote
-            return False
-        return flag in (b"1", "1")

@@ -1,4 +1,4 @@
-"""How a worker reads a partitioned queue (``partitioned.py``): every partition, fairly.
+"""How a worker reads a partitioned queue (``_partitioned.py``): every partition, fairly.
 
 Each fetch asks each partition for an equal share of its slots at once (the partition
 asked first turns with every fetch) and gives what an emptier partition left to the others,
@@ -34,16 +34,18 @@ class PartitionReader:
         self._first = first % len(parts)  # the partition asked first by the next fetch
         self._cluster = is_cluster(self.client)
 
-    async def fetch(self, consumer: str, count: int, block: float) -> list[Delivery]:
+    async def fetch(
+        self, consumer: str, count: int, block: float, share: float = 0.0
+    ) -> list[Delivery]:
         """Up to ``count`` deliveries without waiting; when every partition is empty, wait
-        up to ``block`` seconds for the first."""
+        up to ``block`` seconds for the first. ``share``: each partition's priority share."""
         if count <= 0:
             return []
-        got = await self._take(count)
+        got = await self._take(count, share)
         if got or block <= 0:
             return got
         if self._cluster:
-            return await self._wait_in_turn(count, block)
+            return await self._wait_in_turn(count, block, share)
         return await self._wait_on_all(consumer, count, block)
 
     async def reclaim(
@@ -62,11 +64,13 @@ class PartitionReader:
         self._first = (first + 1) % n
         return [(first + k) % n for k in range(n)]
 
-    async def _take(self, count: int) -> list[Delivery]:
+    async def _take(self, count: int, share: float) -> list[Delivery]:
         order = self._order()
         base, extra = divmod(count, len(self.parts))
         shares = [(p, base + (k < extra)) for k, p in enumerate(order) if base + (k < extra)]
-        replies = await gather_on(self.client, *(self.parts[p].fetch(n, 0) for p, n in shares))
+        replies = await gather_on(
+            self.client, *(self.parts[p].fetch(n, 0, share) for p, n in shares)
+        )
         out: list[Delivery] = []
         short: set[int] = set()
         for (p, n), got in zip(shares, replies, strict=True):
@@ -77,7 +81,7 @@ class PartitionReader:
             if len(out) >= count:
                 break
             if p not in short:
-                got = await self.parts[p].fetch(count - len(out), 0)
+                got = await self.parts[p].fetch(count - len(out), 0, share)
                 out += tagged(p, got)
                 if not got:
                     short.add(p)
@@ -87,7 +91,7 @@ class PartitionReader:
         got = await wait_together(self.parts, consumer, count, block)
         return [tagged(p, [delivery])[0] for p, delivery in got]
 
-    async def _wait_in_turn(self, count: int, block: float) -> list[Delivery]:
+    async def _wait_in_turn(self, count: int, block: float, share: float) -> list[Delivery]:
         """Each partition in turn blocks for a short slice, until one delivers or ``block``
         passes."""
         deadline = time.monotonic() + block
@@ -96,7 +100,7 @@ class PartitionReader:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return []
-                got = await self.parts[p].fetch(count, min(CLUSTER_WAIT_SLICE, left))
+                got = await self.parts[p].fetch(count, min(CLUSTER_WAIT_SLICE, left), share)
                 if got:
                     return tagged(p, got)
 

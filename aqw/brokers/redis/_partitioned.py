@@ -9,8 +9,9 @@ each a ``RedisBroker``, so Redis Cluster spreads them over its masters.
   an id naming none (a ``Job`` built by hand) goes where its key, else its id, hashes to.
 - **Consuming**: every partition, fairly (``_partition_fetch.py``); a delivery is settled in
   its partition, which its id names too.
-- **Reading**: summed or merged over the partitions (``_partition_reads.py``). Heartbeats,
-  schedule marks and resource locks (``ctx.lock``) live in partition 0.
+- **Parts**: job records in the partition the id names, the depth history summed and the
+  delayed page merged, debounce in the key's partition (``_partition_parts.py``);
+  heartbeats, schedule marks, limits and resource locks (``ctx.lock``) are partition 0's.
 
 P is part of the queue's layout: change it only on an empty queue.
 """
@@ -18,39 +19,37 @@ P is part of the queue's layout: change it only on an empty queue.
 from __future__ import annotations
 
 import dataclasses
-import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from typing import Any, TypeVar
 
 from redis.asyncio import Redis
 
 from ..._ids import new_job_id
+from ..._redis.batch import CommandBatcher
 from ..._redis.client import make_client
 from ..._redis.cluster import gather_on
 from ..._redis.keys import queue_fence_of
 from ..._redis.lease import RedisLeaseBackend
+from ...errors import ConfigError
 from ...flow import Limits
 from ...job import Job
 from ...lease import Lease, LeaseBackend
-from ...record import DEFAULT_KEEP_FOR, JobInfo
-from ..base import Broker, DeadJob, Delivery, Failure, Finish, QueueDepth
-from ..local.history import DelayedJob, DepthSample
-from ..local.marks import ScheduleMark
-from ..local.records import CancelOutcome
-from ..messages import total_counters
+from ..base import Broker, check_partitions
+from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth, total_counters
 from ._broker import RedisBroker
 from ._partition_fetch import PartitionReader
-from ._partition_reads import (
+from ._partition_parts import (
+    PartitionedDebounce,
+    PartitionedHistory,
+    PartitionedRecords,
     by_partition,
     find_dead,
-    holder_of,
-    merged_delayed,
     merged_dlq,
-    summed_history,
 )
-from ._partitions import Turns, check_partitions, named, partition_of_route, split_name
+from ._partitions import Turns, named, partition_of_route, split_name
+from ._server import RedisServer
 
-__all__ = ["PartitionedBroker"]
+__all__ = ["PartitionedBroker", "spread"]
 
 T = TypeVar("T")
 
@@ -70,8 +69,8 @@ class PartitionedBroker(Broker):
     """
 
     system = RedisBroker.system
-    enforces_limits = True  # each partition's job_start.lua; a route keeps a key in one
     transient_errors = RedisBroker.transient_errors
+    routes_jobs = True
 
     def __init__(
         self,
@@ -81,7 +80,6 @@ class PartitionedBroker(Broker):
         *,
         dlq_limit: int = 100_000,
     ) -> None:
-        super().__init__(queue)
         self.partitions = check_partitions(partitions)
         self.url = client if isinstance(client, str) else None
         self.client: Redis = make_client(client) if isinstance(client, str) else client
@@ -92,8 +90,19 @@ class PartitionedBroker(Broker):
             for i in range(self.partitions)
         )
         #: Partition 0: worker heartbeats, schedule marks, resource locks.
-        self.home = self.parts[0]
-        self._leases = RedisLeaseBackend(self.home.batcher, fence_key=queue_fence_of)
+        self.home = home = self.parts[0]
+        super().__init__(
+            queue,
+            records=PartitionedRecords(self.client, self.parts),
+            status=home.status,
+            marks=home.marks,
+            history=PartitionedHistory(self.client, self.parts),
+            debounce=PartitionedDebounce(self.part_of),
+            flow_limits=home.flow_limits,  # each partition's job_start.lua; a route: one
+            server=RedisServer(self.client, [part.keys for part in self.parts]),
+        )
+        batcher = CommandBatcher(self.client)
+        self._leases = RedisLeaseBackend(batcher, fence_key=queue_fence_of)
         self._turns = Turns(self.partitions)
         self.reader = PartitionReader(self.parts, self._turns.take())
 
@@ -101,6 +110,10 @@ class PartitionedBroker(Broker):
         return f"{self.home.describe()} partitions={self.partitions}"
 
     # -- where things are -------------------------------------------------------------------
+
+    def sibling(self, queue: str) -> PartitionedBroker:
+        """Queue ``queue`` over as many partitions, on this broker's client."""
+        return PartitionedBroker(self.client, queue, self.partitions, dlq_limit=self.dlq_limit)
 
     def job_id_for(self, route: str | None) -> str:
         """A new job id naming the partition of ``route`` (None: the next in turn)."""
@@ -134,12 +147,6 @@ class PartitionedBroker(Broker):
         """``step`` on every partition at once, in partition order."""
         return await gather_on(self.client, *(step(part) for part in self.parts))
 
-    async def _holders(self, job_id: str) -> Sequence[RedisBroker]:
-        """The partitions a write about ``job_id`` goes to: its own, or all for an id that
-        names none (the writes act only where the job's record is)."""
-        p = split_name(job_id, self.partitions)[1]
-        return self.parts if p is None else (self.parts[p],)
-
     # -- lifecycle -------------------------------------------------------------------------
 
     async def connect(self) -> None:
@@ -157,11 +164,6 @@ class PartitionedBroker(Broker):
     def expect_lease_ttl(self, seconds: float) -> None:
         for part in self.parts:
             part.expect_lease_ttl(seconds)
-
-    def set_priority_share(self, share: float) -> None:
-        super().set_priority_share(share)
-        for part in self.parts:
-            part.set_priority_share(share)
 
     # -- producing -------------------------------------------------------------------------
 
@@ -182,17 +184,12 @@ class PartitionedBroker(Broker):
     async def publish_unique(self, job: Job, ttl: float, run_at: float | None) -> tuple[str, bool]:
         return await self.part_of(job).publish_unique(job, ttl, run_at)
 
-    async def publish_debounced(
-        self, job: Job, debounce: float, debounce_max: float | None
-    ) -> tuple[str, bool]:
-        return await self.part_of(job).publish_debounced(job, debounce, debounce_max)
-
     # -- consuming -------------------------------------------------------------------------
 
-    async def fetch(self, count: int, block: float) -> list[Delivery]:
+    async def fetch(self, count: int, block: float, share: float = 0.0) -> list[Delivery]:
         """Up to ``count`` deliveries, a fair share from each partition, without waiting;
         only when every partition is empty, wait up to ``block`` seconds for the first."""
-        return await self.reader.fetch(self.consumer, count, block)
+        return await self.reader.fetch(self.consumer, count, block, share)
 
     async def reclaim(
         self, count: int, lease_ttl: Callable[[Job | None], float], min_idle: float
@@ -229,148 +226,72 @@ class PartitionedBroker(Broker):
         p, own = self._unwrap(delivery)
         return await self.parts[p].keep_alive(own)
 
-    # -- settling: the delivery's own partition --------------------------------------------
+    # -- settling: the delivery's own partition ---------------------------------------------
 
-    async def ack(
+    def _ack(
         self,
         delivery: Delivery,
         job: Job | None,
         lease: Lease | None,
-        record_ttl: float = 0.0,
-        finish: Finish | None = None,
-    ) -> bool:
+        finish: Finish,
+        record_ttl: float,
+    ) -> Coroutine[Any, Any, bool]:
         p, own = self._unwrap(delivery)
-        return await self.parts[p].ack(own, job, lease, record_ttl, finish)
+        return self.parts[p].ack(own, job, lease, record_ttl, finish)
 
-    async def retry(
+    def _retry(
         self,
         delivery: Delivery,
         job: Job,
         run_at: float,
         lease: Lease | None,
-        failure: Failure | None = None,
-    ) -> bool:
+        failure: Failure | None,
+    ) -> Coroutine[Any, Any, bool]:
         p, own = self._unwrap(delivery)
-        return await self.parts[p].retry(own, job, run_at, lease, failure)
+        return self.parts[p].retry(own, job, run_at, lease, failure)
 
-    async def dead_letter(
+    async def _dead_letter(
         self,
         delivery: Delivery,
         job: Job | None,
         failure: Failure,
         attempts: int,
         lease: Lease | None,
-        keep_for: float = DEFAULT_KEEP_FOR,
+        keep_for: float,
     ) -> str | None:
         p, own = self._unwrap(delivery)
         entry = await self.parts[p].dead_letter(own, job, failure, attempts, lease, keep_for)
         return None if entry is None else named(entry, p)
 
-    async def requeue(
-        self, delivery: Delivery, lease: Lease | None, job: Job | None = None
-    ) -> bool:
+    def _give_back(
+        self, delivery: Delivery, lease: Lease | None, job: Job | None
+    ) -> Coroutine[Any, Any, bool]:
         p, own = self._unwrap(delivery)
-        return await self.parts[p].requeue(own, lease, job)
+        return self.parts[p].give_back(own, lease, job)
 
-    async def defer(self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None) -> bool:
+    def _defer(
+        self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None
+    ) -> Coroutine[Any, Any, bool]:
         p, own = self._unwrap(delivery)
-        return await self.parts[p].defer(own, job, run_at, lease)
+        return self.parts[p].defer(own, job, run_at, lease)
 
     async def is_completed(self, job: Job) -> bool:
         return await self.part_of(job).is_completed(job)
 
-    def job_lease_backend(self, job: Job) -> LeaseBackend:
-        return self.part_of(job).job_lease_backend(job)
+    def job_lease_backend(self, job: Job, limits: Limits | None = None) -> LeaseBackend:
+        return self.part_of(job).job_lease_backend(job, limits)
 
-    def limited_lease_backend(self, job: Job, limits: Limits) -> LeaseBackend:
-        return self.part_of(job).limited_lease_backend(job, limits)
+    # -- inspection: summed or merged over the partitions -------------------------------
 
-    # -- job records: the partition the id names -------------------------------------------
-
-    def _info(self, holder: RedisBroker, info: JobInfo) -> JobInfo:
-        """``info`` as read from ``holder``, its DLQ entry's id naming the partition."""
-        if not info.dlq_entry:
-            return info
-        return info.model_copy(
-            update={"dlq_entry": named(info.dlq_entry, self.parts.index(holder))}
-        )
-
-    async def record(self, job_id: str) -> JobInfo | None:
-        holder = await holder_of(self.parts, job_id)
-        info = None if holder is None else await holder.record(job_id)
-        return None if info is None or holder is None else self._info(holder, info)
-
-    async def cancel(self, job_id: str, keep_for: float = DEFAULT_KEEP_FOR) -> CancelOutcome:
-        holder = await holder_of(self.parts, job_id)
-        return "unknown" if holder is None else await holder.cancel(job_id, keep_for)
-
-    async def cancel_requested(self, job_id: str) -> bool:
-        parts = await self._holders(job_id)
-        return any(await gather_on(self.client, *(p.cancel_requested(job_id) for p in parts)))
-
-    async def wait_finished(self, job_id: str, timeout: float | None) -> JobInfo:
-        holder = await holder_of(self.parts, job_id)
-        if holder is None:  # its own partition says UnknownJob
-            holder = self.parts[partition_of_route(job_id, self.partitions)]
-        return self._info(holder, await holder.wait_finished(job_id, timeout))
-
-    async def set_job_state(self, job_id: str, state: dict[str, str], ttl: float) -> None:
-        parts = await self._holders(job_id)
-        await gather_on(self.client, *(p.set_job_state(job_id, state, ttl) for p in parts))
-
-    async def clear_job_state(self, job_id: str) -> None:
-        parts = await self._holders(job_id)
-        await gather_on(self.client, *(p.clear_job_state(job_id) for p in parts))
-
-    async def job_state(self, job_id: str) -> dict[str, str] | None:
-        parts = await self._holders(job_id)
-        states = await gather_on(self.client, *(p.job_state(job_id) for p in parts))
-        return next((s for s in states if s is not None), None)
-
-    async def job_states(self, limit: int = 1000) -> list[dict[str, str]]:
-        each = await self._each(lambda part: part.job_states(limit))
-        return [state for states in each for state in states][:limit]
-
-    # -- partition 0's: heartbeats, schedule marks -----------------------------------------
-
-    async def publish_heartbeat(self, worker: str, data: dict[str, Any], ttl: float) -> None:
-        await self.home.publish_heartbeat(worker, data, ttl)  # samples partition 0's depth
-        at = time.time()
-        await gather_on(self.client, *(part.sample_depth(at) for part in self.parts[1:]))
-
-    async def heartbeats(self) -> list[dict[str, Any]]:
-        return await self.home.heartbeats()
-
-    async def remove_heartbeat(self, worker: str) -> None:
-        await self.home.remove_heartbeat(worker)
-
-    async def schedule_marks(self) -> dict[str, ScheduleMark]:
-        return await self.home.schedule_marks()
-
-    async def set_schedule_mark(self, task: str, mark: ScheduleMark) -> None:
-        await self.home.set_schedule_mark(task, mark)
-
-    # -- inspection: summed or merged over the partitions (``_partition_reads.py``) --------
-
-    async def depths(self) -> list[QueueDepth]:
+    async def partition_depths(self) -> list[QueueDepth]:
         """Each partition's depth, in partition order."""
         return await self._each(lambda part: part.depth())
 
     async def depth(self) -> QueueDepth:
-        return QueueDepth.total(await self.depths())
+        return QueueDepth.total(await self.partition_depths())
 
     async def stats(self) -> dict[str, int]:
         return total_counters(await self._each(lambda part: part.stats()))
-
-    async def sample_depth(self, at: float) -> None:
-        await self._each(lambda part: part.sample_depth(at))
-
-    async def depth_history(self, since: float) -> list[DepthSample]:
-        return summed_history(await self._each(lambda part: part.depth_history(since)))
-
-    async def delayed_page(self, start: int, count: int) -> list[DelayedJob]:
-        pages = await self._each(lambda part: part.delayed_page(0, start + count))
-        return merged_delayed(pages, start, count)
 
     async def dlq_list(self, count: int = 100, after: str | None = None) -> list[DeadJob]:
         """Oldest first over every partition (by entry id, then partition)."""
@@ -397,3 +318,24 @@ class PartitionedBroker(Broker):
                 await gather_on(self.client, *(part.dlq_delete(bases) for part in parts))
             )
         return deleted
+
+
+def spread(broker: Broker, partitions: int) -> Broker:
+    """``broker`` (given as an object) spread over ``partitions``: a ``RedisBroker`` becomes
+    a ``PartitionedBroker`` on its client; a ``PartitionedBroker`` must have that many; 1
+    keeps any broker as it is; anything else is a ConfigError."""
+    if isinstance(broker, PartitionedBroker):
+        if broker.partitions != partitions:
+            raise ConfigError(
+                f"partitions={partitions}, but the broker given has {broker.partitions}"
+            )
+        return broker
+    if partitions == 1:
+        return broker
+    if isinstance(broker, RedisBroker):
+        return PartitionedBroker(
+            broker.client, broker.queue, partitions, dlq_limit=broker.dlq_limit
+        )
+    raise ConfigError(
+        f"partitions={partitions}: only a Redis queue is partitioned, not a {type(broker).__name__}"
+    )

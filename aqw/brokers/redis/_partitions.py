@@ -1,4 +1,4 @@
-"""Where a job of a partitioned queue lives (``partitioned.py``), and how its id says so.
+"""Where a job of a partitioned queue lives (``_partitioned.py``), and how its id says so.
 
 A job with a *route* (a string naming what must stay together: its task when the task has a
 task-wide rate limit, else its per-key cap's key, its rate key, its idempotency or debounce
@@ -15,22 +15,8 @@ from __future__ import annotations
 import os
 import zlib
 
-from ...errors import ConfigError
-
 #: Between an id and the partition it names.
 MARK = "~p"
-#: Most partitions of one queue.
-MAX_PARTITIONS = 1024
-
-
-def check_partitions(value: object) -> int:
-    """``partitions=`` when it is an integer from 1 to ``MAX_PARTITIONS``, else a
-    ConfigError naming it."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PARTITIONS:
-        raise ConfigError(
-            f"partitions must be an integer from 1 to {MAX_PARTITIONS}, got {value!r}"
-        )
-    return value
 
 
 def partition_of_route(route: str, partitions: int) -> int:
