@@ -202,7 +202,7 @@ class ServerInfo(Part, Protocol):
 
     async def health(self) -> dict[str, Any]:
         """Used, peak and max memory and the eviction policy (``used``, ``peak``, ``max``,
-        ``policy``, ``evicting``), or ``error`` saying why they are not known."""
+        ``policy``, ``evicting``, and ``error`` None); raises when the server cannot say."""
         ...
 
     async def problems(self) -> list[str]:

@@ -21,6 +21,7 @@ from ..record import JobInfo
 from ..schedules import SchedulesApp, schedule_rows
 from ..status import gather_status
 from ..task import Task
+from ._format import reason
 
 #: Entries per page of the running, delayed and dead-letter lists.
 PAGE = 50
@@ -232,4 +233,9 @@ async def redis_health(broker: Broker) -> dict[str, Any]:
     (``broker.server``); ``error`` says why they are not known (no server, or no INFO)."""
     if broker.server is None:
         return {"error": f"the {broker.system} broker has no Redis server"}
-    return await broker.server.health()
+    try:
+        return await broker.server.health()
+    except broker.transient_errors:
+        raise  # the broker is down: the broker-down page says so
+    except Exception as exc:  # fakeredis has no INFO; a proxy may refuse it
+        return {"error": f"INFO memory is not available: {reason(exc)}"}
