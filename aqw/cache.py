@@ -35,8 +35,6 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any, TypeVar, cast
 
-from redis.asyncio import Redis
-
 from ._cache_entry import (
     CacheEntry,
     CacheKeys,
@@ -49,6 +47,7 @@ from ._cache_entry import (
 )
 from ._ids import new_token
 from ._redis import scripts as _scripts
+from ._redis.client import Redis
 from ._redis.cluster import hash_slot, is_cluster
 from .errors import ConfigError
 

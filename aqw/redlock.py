@@ -51,11 +51,8 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Final
 
-from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-
 from ._redis import scripts as _scripts
+from ._redis.client import Redis, client_from_url, no_retry
 from ._redis.cluster import (
     hash_slot,
     is_cluster,
@@ -157,12 +154,12 @@ class RedlockBackend:
         clients: list[Redis] = []
         for url in urls:
             kwargs = dict(options)
-            kwargs.setdefault("retry", Retry(NoBackoff(), 0))
+            kwargs.setdefault("retry", no_retry())
             if is_cluster_url(url):  # one of the servers is a cluster (its own quorum member)
                 cluster: Any = make_cluster_client(url, **kwargs)
                 clients.append(cluster)
             else:
-                clients.append(Redis.from_url(url, **kwargs))
+                clients.append(client_from_url(url, **kwargs))
         return cls(
             clients,
             clock_drift_factor=clock_drift_factor,

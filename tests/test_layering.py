@@ -76,9 +76,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 REDIS_ALLOWED = (
     "_redis/",
     "brokers/redis/",  # the Redis family: its brokers, parts and script callers
-    "brokers/sqs/_keys_redis.py",  # SQS idempotency-key records in Redis (``records=``)
-    "cache.py",
-    "redlock.py",
 )
 
 #: Function-level imports of aqw modules that are lazy loads of optional extras:

@@ -9,16 +9,15 @@ import contextlib
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
-from redis.asyncio import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
-from ..._redis.client import make_client
+from ..._redis.client import UNREACHABLE, Redis, make_client
 from ..._redis.keys import QueueKeys
 from ..._redis.scripts import Script, ms
 from ._errors import RecordsUnavailable
 
 T = TypeVar("T")
+
+#: What means "the store is unreachable": the client's errors, and the system's.
+DOWN: tuple[type[Exception], ...] = (*UNREACHABLE, OSError)
 
 #: KEYS[1] enqueue record, KEYS[2] completion record; ARGV[1] job id, ARGV[2] ttl in ms.
 #: {holder, 1} when the key is taken (nothing written), else {job id, 0}.
@@ -88,7 +87,7 @@ class RedisKeyStore:
     def _reaching(self) -> Iterator[None]:
         try:
             yield
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        except DOWN as exc:
             raise RecordsUnavailable(f"records= store (Redis) unreachable: {exc}") from exc
 
     async def _run(self, call: Callable[[], Awaitable[T]]) -> T:
