@@ -28,7 +28,7 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from ._damage import split_heartbeats, to_float, to_int
+from ._readback import split_heartbeats, to_float, to_int
 from ._text import printable
 from .brokers.base import Broker
 from .monitor import format_age as _age
@@ -44,7 +44,7 @@ EVENTS = ("processed", "failed", "retried", "dead", "skipped")
 async def gather_status(app_or_broker: App | Broker) -> dict[str, Any]:
     """Everything ``aqw status`` shows, as a JSON-able dict.
 
-    Nothing read back is trusted (``aqw._damage``): a heartbeat that is not JSON or not of
+    Nothing read back is trusted (``aqw._readback``): a heartbeat that is not JSON or not of
     the shape workers publish is left out of every sum and named in ``problems``, as are a
     damaged fencing counter and stats counters that are not integers (Redis)."""
     broker = app_or_broker if isinstance(app_or_broker, Broker) else app_or_broker.broker

@@ -33,13 +33,13 @@ from conftest import REDIS_URL, Backend
 
 import aqw
 from aqw import RedisLeaseBackend
-from aqw._damage import to_float, to_int
+from aqw._readback import to_float, to_int
 from aqw._redis.keys import QueueKeys
 from aqw._text import printable
+from aqw.app import dead_job_json
 from aqw.brokers.memory import MemoryBroker
 from aqw.brokers.redis import RedisBroker
 from aqw.cli._job import EXIT_UNKNOWN_JOB
-from aqw.dlq import dead_job_json
 from aqw.errors import FenceCorrupted
 from aqw.lease import Lease
 from aqw.monitor import CallbackSink, Monitor

@@ -3,16 +3,16 @@
 One import direction, top to bottom; a module imports only its own layer or below:
 
 ====  =====================================================================================
-L0    ``aqw.cli`` (and everything under it), ``aqw.__main__``
-L1    ``aqw.fastapi``, ``aqw.monitor``, ``aqw.status``, ``aqw.dashboard``, ``aqw.schedules``
-L2    ``aqw.app``, ``aqw.dlq``
+L0    ``aqw.cli`` (and everything under it), ``aqw.__main__``, ``aqw.testing``
+L1    ``aqw.fastapi``, ``aqw.monitor``, ``aqw.status``, ``aqw.dashboard``, ``aqw.timetable``
+L2    ``aqw.app`` (the App and its helpers)
 L3    ``aqw.worker``
 L4    ``aqw.task``, ``aqw.schedule``, ``aqw.context``, ``aqw.telemetry``, ``aqw.cache``,
-      ``aqw._cache_entry``, ``aqw.idempotency``
+      ``aqw.idempotency``
 L5    ``aqw.brokers``
-L6    ``aqw.lease``, ``aqw.redlock``, ``aqw.retry``
+L6    ``aqw.lease`` (with Redlock), ``aqw.retry``, ``aqw.flow``
 L7    ``aqw._redis``, ``aqw.job``, ``aqw.errors``, ``aqw._ids``, ``aqw._cancel``,
-      ``aqw._text``, ``aqw._redact``, ``aqw._damage``, ``aqw._version``
+      ``aqw._text``, ``aqw._redact``, ``aqw._readback``, ``aqw._version``, ``aqw.record``
 ====  =====================================================================================
 
 ``aqw/__init__.py`` (the public face) may import anything, and nothing inside aqw imports it:
@@ -51,12 +51,12 @@ PUBLIC = -1
 #: for a package, everything under it.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli", "__main__", "testing"),
-    ("fastapi", "monitor", "status", "dashboard", "schedules"),
-    ("app", "dlq", "jobs", "_arguments", "_producing", "_queue_telemetry", "_registration"),
+    ("fastapi", "monitor", "status", "dashboard", "timetable"),
+    ("app",),
     ("worker",),
-    ("task", "schedule", "context", "telemetry", "cache", "_cache_entry", "idempotency"),
+    ("task", "schedule", "context", "telemetry", "cache", "idempotency"),
     ("brokers",),
-    ("lease", "_lease_keeper", "redlock", "retry", "flow"),
+    ("lease", "retry", "flow"),
     (
         "_redis",
         "job",
@@ -65,7 +65,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "_cancel",
         "_text",
         "_redact",
-        "_damage",
+        "_readback",
         "_version",
         "record",
     ),

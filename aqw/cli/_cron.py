@@ -9,8 +9,8 @@ import time
 from typing import Any
 
 from .._text import printable
-from ..schedules import schedule_rows
 from ..status import render_time
+from ..timetable import schedule_rows
 from ._common import CliError, add_log_options, add_target, resolve_app
 
 

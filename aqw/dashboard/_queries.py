@@ -11,16 +11,16 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .._damage import split_heartbeats, to_float, to_int
+from .._readback import split_heartbeats, to_float, to_int
+from ..app import DeadLetters
 from ..brokers import CancelOutcome
 from ..brokers.base import Broker, DeadJob
-from ..dlq import DeadLetters
 from ..job import Job
 from ..monitor import is_monitor_heartbeat
 from ..record import JobInfo
-from ..schedules import SchedulesApp, schedule_rows
 from ..status import gather_status
 from ..task import Task
+from ..timetable import SchedulesApp, schedule_rows
 from ._format import reason
 
 #: Entries per page of the running, delayed and dead-letter lists.

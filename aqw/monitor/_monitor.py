@@ -43,8 +43,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._damage import split_heartbeats, to_float
 from .._ids import consumer_name
+from .._readback import split_heartbeats, to_float
 from .._text import printable
 from ..brokers.base import Broker
 from ..errors import BrokerUnavailable, ConfigError, LeaseLost, LeaseUnavailable

@@ -5,7 +5,7 @@ records). A fetch is filled from them in strict order (an earlier queue's waitin
 always taken first) or by weight (smooth weighted round robin over the slots asked for; an
 idle queue's share goes to the others) without waiting; only when all are empty does it
 wait: Redis queues on one server in one blocking read over all of their streams
-(``_redis_wait.py``), others each queue in turn for a short slice (never several blocking
+(``redis/_wait.py``), others each queue in turn for a short slice (never several blocking
 reads at once: a cancelled blocking read can be swallowed, or leave entries it took with
 this consumer).
 
@@ -200,7 +200,7 @@ class MultiBroker(Broker):
 
     async def _wait(self, count: int, block: float, share: float) -> list[Delivery]:
         """One blocking read over every queue's streams when they are Redis queues on one
-        server (``_redis_wait.py``); else each queue in turn waits a short slice, until one
+        server (``redis/_wait.py``); else each queue in turn waits a short slice, until one
         delivers or ``block`` passes."""
         queues = [self.brokers[name] for name in self.names]
         if can_wait_together(queues):

@@ -1,5 +1,5 @@
-"""The packed arguments of the Redis job scripts (``_redis_jobs.py``, ``_redis_start.py``,
-``_redis_debounce.py``): milliseconds, flattened record fields, and each job's part of
+"""The packed arguments of the Redis job scripts (``_jobs.py``, ``_settle.py``, ``_job_start.py``,
+``_debounce.py``): milliseconds, flattened record fields, and each job's part of
 ``enqueue.lua``'s and ``ack.lua``'s ARGV (described at the top of each script)."""
 
 from __future__ import annotations

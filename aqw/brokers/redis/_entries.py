@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..._damage import shown, to_float, to_int
+from ..._readback import shown, to_float, to_int
 from ...job import Job
 from ..base import DeadJob, Delivery
 

@@ -4,7 +4,7 @@ Each fetch asks each partition for an equal share of its slots at once (the part
 asked first turns with every fetch) and gives what an emptier partition left to the others,
 so a backlog in one partition never holds back the jobs of another. Only when every
 partition is empty does it wait: on one Redis server in one ``XREADGROUP`` over every
-partition's streams (``_redis_wait.py``), on a cluster (a command reads one slot) on each partition
+partition's streams (``_wait.py``), on a cluster (a command reads one slot) on each partition
 in turn for ``CLUSTER_WAIT_SLICE`` seconds. Deliveries' ids name their partition
 (``<entry id>~p<N>``): entry ids repeat across streams.
 """

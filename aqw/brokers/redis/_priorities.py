@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from ..._damage import to_int
+from ..._readback import to_int
 from ..._redis import scripts
 from ..._redis.batch import CommandBatcher
 from ..._redis.client import CLIENT_ERRORS

@@ -12,7 +12,7 @@ from typing import Any, cast
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from ..._damage import check_job_state, shown, to_int
+from ..._readback import check_job_state, shown, to_int
 from ..._redis import scripts
 from ..._redis.batch import CommandBatcher
 from ..._redis.keys import QueueKeys
@@ -34,7 +34,7 @@ def running_state(job_id: str, raw: dict[Any, Any]) -> dict[str, str] | None:
     is of a job that is not running. A job whose worker died stays running, its lease expiry
     in the past, until another worker takes it over (the monitor reports it as orphaned). A
     number that does not parse, or a state that is not one (a hash aqw did not write), gets a
-    ``damaged`` note (``aqw._damage``): such a record is shown, not hidden."""
+    ``damaged`` note (``aqw._readback``): such a record is shown, not hidden."""
     f = {text(k): text(v) for k, v in raw.items()}
     state = f.get("state", "")
     if state != "running" and state in STATES:

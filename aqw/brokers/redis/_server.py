@@ -12,7 +12,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from ..._damage import shown, to_int
+from ..._readback import shown, to_int
 from ..._redis.keys import QueueKeys
 from ..._redis.lease import RedisLeaseBackend
 

@@ -10,7 +10,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from ..._damage import damaged_heartbeat, heartbeat_damage, parse_json, to_int
+from ..._readback import damaged_heartbeat, heartbeat_damage, parse_json, to_int
 from ..._redis.keys import QueueKeys
 from ._entries import text
 
@@ -32,7 +32,7 @@ class RedisWorkerStatus:
 
     async def heartbeats(self) -> list[dict[str, Any]]:
         """Up to 1000 heartbeats. One that is not JSON, or not of the shape a
-        worker or monitor publishes, comes back as ``aqw._damage.damaged_heartbeat``."""
+        worker or monitor publishes, comes back as ``aqw._readback.damaged_heartbeat``."""
         limit = 1000  # workers read at most: SSCAN, not SMEMBERS, so a forged set is cheap
         names: set[str] = set()
         cursor: Any = 0

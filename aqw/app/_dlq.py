@@ -7,9 +7,9 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, Protocol
 
-from .brokers.base import Broker, DeadJob
-from .errors import ConfigError
-from .task import Task
+from ..brokers.base import Broker, DeadJob
+from ..errors import ConfigError
+from ..task import Task
 
 
 class DeadLetterApp(Protocol):

@@ -51,16 +51,16 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Final
 
-from ._redis import scripts as _scripts
-from ._redis.client import Redis, client_from_url, no_retry
-from ._redis.cluster import (
+from .._redis import scripts as _scripts
+from .._redis.client import Redis, client_from_url, no_retry
+from .._redis.cluster import (
     hash_slot,
     is_cluster,
     is_cluster_url,
     make_cluster_client,
     same_slot_fence_key,
 )
-from .errors import ConfigError
+from ..errors import ConfigError
 
 log = logging.getLogger("aqw.redlock")
 

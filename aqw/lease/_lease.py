@@ -21,13 +21,13 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Protocol, cast
 
-from ._cancel import Canceller
-from ._ids import new_token, now
-from ._lease_keeper import LeaseKeeper
-from ._redis.lease import RedisLeaseBackend
-from .errors import ConfigError, LeaseLost, LeaseUnavailable
+from .._cancel import Canceller
+from .._ids import new_token, now
+from .._redis.lease import RedisLeaseBackend
+from ..errors import ConfigError, LeaseLost, LeaseUnavailable
+from ._keeper import LeaseKeeper
 
-__all__ = ["KeepAlive", "Lease", "LeaseBackend", "LeaseKeeper", "is_lease_backend"]
+__all__ = ["KeepAlive", "Lease", "LeaseBackend", "is_lease_backend"]
 
 log = logging.getLogger("aqw.lease")
 

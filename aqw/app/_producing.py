@@ -8,14 +8,14 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
+from ..brokers import Broker
+from ..brokers.parts import Debounce
+from ..errors import ConfigError
+from ..flow import route_key
+from ..job import Job
+from ..task import GROUP_HEADER, Enqueued, Task
+from ..telemetry import Telemetry
 from ._arguments import check_sizes, debounce_headers, enqueue_times, priority_of
-from .brokers import Broker
-from .brokers.parts import Debounce
-from .errors import ConfigError
-from .flow import route_key
-from .job import Job
-from .task import GROUP_HEADER, Enqueued, Task
-from .telemetry import Telemetry
 
 
 class ProducerApp(Protocol):

@@ -7,7 +7,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
-from .telemetry import TRACE_DETAILS, Telemetry
+from ..telemetry import TRACE_DETAILS, Telemetry
 
 
 class QueueTelemetry:

@@ -6,10 +6,10 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from .errors import ConfigError, PayloadTooLarge
-from .flow import DEBOUNCE_HEADER
-from .job import MAX_PRIORITY, MIN_PRIORITY, Job
-from .schedule import Schedule
+from ..errors import ConfigError, PayloadTooLarge
+from ..flow import DEBOUNCE_HEADER
+from ..job import MAX_PRIORITY, MIN_PRIORITY, Job
+from ..schedule import Schedule
 
 
 def check_payload_cap(value: object, what: str) -> None:

@@ -9,23 +9,23 @@ from typing import Any, Literal, TypeVar, Unpack, overload
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
+from .._redis.keys import validate_queue_name
+from ..brokers import Broker, from_url, with_partitions
+from ..brokers.base import DEFAULT_PRIORITY_SHARE, check_partitions
+from ..brokers.multi import check_queue
+from ..cache import Cache
+from ..errors import ConfigError, UnknownTask
+from ..record import DEFAULT_KEEP_FOR, JobInfo
+from ..retry import RetryPolicy
+from ..task import Enqueued, Handler, Task
+from ..telemetry import Telemetry
+from ..worker import Worker
 from ._arguments import check_app_options
+from ._dlq import DeadLetters
+from ._jobs import CancelOutcome, Jobs
 from ._producing import enqueue_jobs
 from ._queue_telemetry import QueueTelemetry
-from ._redis.keys import validate_queue_name
 from ._registration import TaskSettings, task_options
-from .brokers import Broker, from_url, with_partitions
-from .brokers.base import DEFAULT_PRIORITY_SHARE, check_partitions
-from .brokers.multi import check_queue
-from .cache import Cache
-from .dlq import DeadLetters
-from .errors import ConfigError, UnknownTask
-from .jobs import CancelOutcome, Jobs
-from .record import DEFAULT_KEEP_FOR, JobInfo
-from .retry import RetryPolicy
-from .task import Enqueued, Handler, Task
-from .telemetry import Telemetry
-from .worker import Worker
 
 R = TypeVar("R")
 
@@ -357,12 +357,12 @@ class App:
 
     async def result(self, job_id: str, *, timeout: float | None = None) -> Any:
         """The job's result once it has ended, waiting without polling: see
-        ``aqw.jobs.Jobs.result`` for the errors it raises."""
+        ``aqw.Jobs.result`` for the errors it raises."""
         return await Jobs(self).result(job_id, timeout)
 
     async def cancel(self, job_id: str) -> CancelOutcome:
         """Cancel a job: ``"cancelled"``, ``"cancelling"``, ``"finished"`` (a no-op) or
-        ``"unknown"``; see ``aqw.jobs.Jobs.cancel``."""
+        ``"unknown"``; see ``aqw.Jobs.cancel``."""
         return await Jobs(self).cancel(job_id)
 
     async def close(self) -> None:

@@ -35,7 +35,12 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any, TypeVar, cast
 
-from ._cache_entry import (
+from .._ids import new_token
+from .._redis import scripts as _scripts
+from .._redis.client import Redis
+from .._redis.cluster import hash_slot, is_cluster
+from ..errors import ConfigError
+from ._entry import (
     CacheEntry,
     CacheKeys,
     Flight,
@@ -45,11 +50,6 @@ from ._cache_entry import (
     dumps,
     ttl_to_ms,
 )
-from ._ids import new_token
-from ._redis import scripts as _scripts
-from ._redis.client import Redis
-from ._redis.cluster import hash_slot, is_cluster
-from .errors import ConfigError
 
 __all__ = ["Cache", "CacheEntry", "CacheEventHook"]
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol, TypedDict
 
+from ..brokers.multi import check_queue
+from ..cache import Cache
+from ..errors import ConfigError
+from ..flow import flow_control
+from ..retry import RetryPolicy
+from ..schedule import Schedule
+from ..task import Invalidates, TaskOptions
 from ._arguments import check_task_options, priority_of
-from .brokers.multi import check_queue
-from .cache import Cache
-from .errors import ConfigError
-from .flow import flow_control
-from .retry import RetryPolicy
-from .schedule import Schedule
-from .task import Invalidates, TaskOptions
 
 
 class TaskSettings(TypedDict, total=False):

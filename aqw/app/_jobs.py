@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any, Protocol
 
-from .brokers import Broker, CancelOutcome
-from .errors import ConfigError, JobCancelled, JobExpired, JobFailed, ResultNotKept
-from .record import DEFAULT_KEEP_FOR, JobInfo
-from .task import Task
+from ..brokers import Broker, CancelOutcome
+from ..errors import ConfigError, JobCancelled, JobExpired, JobFailed, ResultNotKept
+from ..record import DEFAULT_KEEP_FOR, JobInfo
+from ..task import Task
 
 __all__ = ["CancelOutcome", "Jobs", "JobsApp"]
 

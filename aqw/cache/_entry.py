@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
