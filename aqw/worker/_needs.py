@@ -24,11 +24,12 @@ from ..errors import ConfigError
 from ..task import Task
 
 
-def _local(broker: Broker, part: str, feature: str, fix: str) -> ConfigError:
+def _local(broker: Broker, part: str, needs: str, fix: str) -> ConfigError:
+    """The one line refusing what ``needs`` (``"<feature> need(s)"``) of ``part``."""
     where = f"the {broker.system} broker of queue {broker.queue!r}"
     return ConfigError(
-        f"{feature} needs {PART_NAMES[part]} shared across processes, and {where} keeps them "
-        f"in this process only: {fix}"
+        f"{needs} {PART_NAMES[part]} shared across processes, and {where} keeps them in "
+        f"this process only: {fix}"
     )
 
 
@@ -41,13 +42,13 @@ def check_shared_parts(broker: Broker, tasks: Mapping[str, Task[Any]]) -> None:
     if not broker.records.shared:
         kept = sorted(name for name, task in tasks.items() if task.options.keep_result)
         if kept:
-            feature = f"task {kept[0]!r}: keep_result"
+            feature = f"task {kept[0]!r}: keep_result needs"
             fix = "keep results on a broker with shared records (redis://), or drop keep_result"
             raise _local(broker, "records", feature, fix)
     if not broker.marks.shared:
         periodic = sorted(name for name, task in tasks.items() if task.options.schedule)
         if periodic:
-            feature = f"periodic tasks ({', '.join(periodic)})"
+            feature = f"periodic tasks ({', '.join(periodic)}) need"
             fix = "run them on a broker with shared schedule marks (redis://)"
             raise _local(broker, "marks", feature, fix)
 
@@ -64,4 +65,5 @@ def check_limits(broker: Broker, tasks: Mapping[str, Task[Any]]) -> None:
                     f"(redis:// or memory://); the {type(broker).__name__} broker does not"
                 )
             if not limits.shared and not broker.in_process:
-                raise _local(broker, "flow_limits", f"task {name!r}: {option}", "use redis://")
+                needs = f"task {name!r}: {option} needs"
+                raise _local(broker, "flow_limits", needs, "use redis://")

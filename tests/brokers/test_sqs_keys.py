@@ -23,6 +23,7 @@ import aqw
 from aqw.brokers import from_url
 from aqw.brokers.sqs import RecordsUnavailable, SQSBroker, SQSUnavailable
 from aqw.brokers.sqs._keys import open_store
+from aqw.testing.contract import MarksContract, Subject
 from tests._helpers import PG_DSNS, eventually, free_port, pg_where, redis_url_db, run_burst
 
 from .conftest import AppFactory, SQSKit, broker_of
@@ -79,6 +80,7 @@ async def records(request: pytest.FixtureRequest, queue: str) -> AsyncIterator[s
     conn = await asyncpg.connect(dsn)
     try:
         await conn.execute("DELETE FROM aqw_sqs_keys WHERE queue = $1", queue)
+        await conn.execute("DELETE FROM aqw_sqs_keys_marks WHERE queue = $1", queue)
     finally:
         await conn.close()
 
@@ -442,3 +444,25 @@ async def test_a_running_job_cancelled_in_the_process_stops_at_its_next_heartbea
     assert stopped == [job_id]
     assert took < 1.5  # one renewal interval (0.5 s) plus the unwinding
     assert await sqs.count(url) == 0
+
+
+# -- schedule marks in the records= store ----------------------------------------------------
+
+
+class TestMarksInTheRecordsStore(MarksContract):
+    """With ``records=``, the periodic tasks' schedule marks live in that store, shared by
+    every process (``StoreMarks``): the marks contract on each store."""
+
+    @pytest.fixture
+    async def subject(self, sqs: SQSKit, queue: str, records: str) -> AsyncIterator[Subject]:
+        await sqs.create(queue, dead=f"{queue}-dead")
+
+        def new_broker(**_: Any) -> aqw.Broker:
+            return from_url(sqs.url(queue, dlq=f"{queue}-dead", records=records), queue)
+
+        yield Subject(new_broker, queue)
+
+
+async def test_without_a_records_store_the_marks_are_kept_in_the_process(sqs: SQSKit) -> None:
+    broker = from_url(sqs.url("nomarks", dlq="nomarks-dead"), "nomarks")
+    assert broker.marks.shared is False

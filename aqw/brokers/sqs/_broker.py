@@ -22,7 +22,7 @@ from ._connection import Connection
 from ._consuming import Consumer
 from ._dead_letters import DeadLetterQueue
 from ._held import HeldMessages
-from ._keys import Keys, KeyStore
+from ._keys import Keys, KeyStore, StoreMarks
 from ._leases import LockStore, VisibilityLeases
 from ._limits import MAX_VISIBILITY, MAX_WAIT
 from ._messages import Entry
@@ -55,9 +55,9 @@ class SQSBroker(Broker):
         pollers: int = 10,
     ) -> None:
         job_records = LocalJobRecords(queue)
-        super().__init__(
-            queue, records=job_records, status=LocalWorkerStatus(), marks=LocalScheduleMarks()
-        )
+        keys = Keys(queue, records)  # its store keeps the schedule marks too, shared
+        marks = StoreMarks(keys) if keys.keeps_marks else LocalScheduleMarks()
+        super().__init__(queue, records=job_records, status=LocalWorkerStatus(), marks=marks)
         self._records = job_records
         self._options: dict[str, Any] = {
             "region": region,
@@ -87,7 +87,6 @@ class SQSBroker(Broker):
         )
         held = HeldMessages(lease_prefix=f"aqw:{{{queue}}}:lease:")
         locks = LockStore(lock_store)
-        keys = Keys(queue, records)
         producer = Producer(connection, queues)
         dead_letters = DeadLetterQueue(connection, queues, producer, default_task=default_task)
         self._connection, self._queues, self._held, self._locks = connection, queues, held, locks

@@ -9,9 +9,11 @@ import contextlib
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
+from ..._redis import scripts
 from ..._redis.client import UNREACHABLE, Redis, make_client
 from ..._redis.keys import QueueKeys
 from ..._redis.scripts import Script, ms
+from ..messages import ScheduleMark
 from ._errors import RecordsUnavailable
 
 T = TypeVar("T")
@@ -123,6 +125,22 @@ class RedisKeyStore:
     async def is_completed(self, queue: str, key: str) -> bool:
         record = QueueKeys(queue).done(key)
         return bool(await self._run(lambda: self.client.exists(record)))
+
+    # -- schedule marks (``MarkStore``): the Redis broker's hash and script ---------------------
+
+    async def read_marks(self, queue: str) -> dict[str, ScheduleMark]:
+        raw: Any = await self._run(lambda: self.client.hgetall(QueueKeys(queue).schedule))
+        out: dict[str, ScheduleMark] = {}
+        for task, value in raw.items():
+            text = value.decode() if isinstance(value, bytes) else str(value)
+            mark = ScheduleMark.decode(text)
+            if mark is not None:
+                out[task.decode() if isinstance(task, bytes) else str(task)] = mark
+        return out
+
+    async def advance_mark(self, queue: str, task: str, mark: ScheduleMark) -> None:
+        key, argv = QueueKeys(queue).schedule, [task, repr(mark.tick), mark.encode()]
+        await self._run(lambda: scripts.load("schedule_mark")(self.client, [key], argv))
 
     async def close(self) -> None:
         if self._owns and self._client is not None:
