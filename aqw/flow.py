@@ -4,9 +4,9 @@ starts under.
 ``@app.task(rate_limit="100/s", rate_key=..., concurrency_key=..., max_per_key=N)`` is
 checked at registration (``flow_control``) into a ``FlowControl``; at start the worker asks
 it for the job's ``Limits`` (``FlowControl.limits``, a function of the validated payload),
-and the broker's job lease backend admits the job under them in the same atomic step that
-hands out its lease, or refuses with ``aqw.RateLimited`` (the job then waits in the delayed
-set, without spending an attempt).
+and the broker's start step (``Broker.job_lease_backend(job, limits)``) admits the job
+under them in the same atomic step that hands out its lease, or refuses with
+``aqw.RateLimited`` (the job then waits in the delayed set, without spending an attempt).
 
 Rate limits are GCRA: starts are spaced ``period / count`` apart, with a burst of
 ``burst`` starts (1% of the count, at least 1) at once, so no window of one period holds
@@ -25,7 +25,6 @@ from typing import Any
 
 from .errors import ConfigError
 from .job import Job
-from .lease import LeaseBackend
 
 #: The header that marks a debounced job (value ``"1"``). Its key is a debounce key, not an
 #: idempotency key: it has no completion record, and at start a debounced job waits while
@@ -219,19 +218,6 @@ def flow_control(
     if rate is None and max_per_key is None:
         return NO_FLOW
     return FlowControl(rate, rate_key, concurrency_key, max_per_key)
-
-
-class FlowSteps:
-    """The ``Broker`` contract's start under limits; this default enforces none."""
-
-    #: True when ``limited_lease_backend`` enforces limits across every worker of the queue.
-    enforces_limits = False
-
-    def limited_lease_backend(self, job: Job, limits: Limits) -> LeaseBackend:
-        """``job_lease_backend`` whose ``acquire`` also admits the job under ``limits`` (its
-        rate bucket and per-key caps) in the same step, or raises ``aqw.RateLimited``, taking
-        nothing. Only brokers that ``enforces_limits`` have it."""
-        raise ConfigError(f"the {type(self).__name__} broker cannot enforce rate limits or caps")
 
 
 def cap_wait(holder_ms: int, draw: float) -> float:
