@@ -1,11 +1,14 @@
 """Inputs that used to be accepted and then broke every job, each refused where it is given,
 with one line naming it, before anything is written: non-finite numbers in payloads (and in
-kept results), payloads that cannot be JSON, bad App / task / enqueue options, task names
-that would forge log lines; echoes of the caller's input cut short; and the enqueue scripts
-all-or-nothing."""
+kept results), payloads that cannot be JSON, bad App / task / enqueue options, a cron that
+never fires, a too-fast ``Every``, task names that would forge log lines; echoes of the
+caller's input cut short; the enqueue scripts all-or-nothing; and one periodic task's
+failures never stopping the others."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,6 +20,8 @@ from pydantic import BaseModel
 import aqw
 from aqw._redis import scripts
 from aqw._redis.keys import QueueKeys
+from aqw.schedule import MIN_EVERY
+from aqw.worker._scheduler import Scheduler
 from tests._helpers import depth
 
 pytestmark = pytest.mark.timeout(60)
@@ -371,6 +376,9 @@ async def test_a_megabyte_of_input_is_a_short_error() -> None:
     for build in (
         lambda: aqw.App("memory://", queue=MEGA),
         lambda: app.task(name=MEGA)(_noop),
+        lambda: app.task(name="c1", schedule=aqw.Cron(MEGA))(_noop),
+        lambda: app.task(name="c2", schedule=aqw.Cron("* * * * * " + MEGA))(_noop),
+        lambda: app.task(name="c3", schedule=aqw.Cron("* * * * *", tz=MEGA))(_noop),
         lambda: app.task(name="c4", queue=MEGA)(_noop),
     ):
         with pytest.raises(aqw.ConfigError) as err:
@@ -400,3 +408,55 @@ def test_a_task_name_of_200_printable_characters_is_taken() -> None:
     app.task(name="é" * 200)(_noop)
     app.task(name="reports.daily summary")(_other)
     assert len(app.tasks) == 2
+
+
+# -- schedules --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("expression", ["0 0 31 2 *", "0 0 30 2 *", "0 0 31 4 *", "0 0 0 31 2 *"])
+def test_a_cron_that_never_fires_is_refused_at_registration(expression: str) -> None:
+    app = aqw.App("memory://")
+    with pytest.raises(aqw.ConfigError) as err:
+        app.task(name="never", schedule=aqw.Cron(expression))(_noop)
+    assert "never fires" in one_line(err.value) and "'never'" in str(err.value)
+    app.task(name="leap", schedule=aqw.Cron("0 0 29 2 *"))(_noop)  # every four years: fine
+
+
+@pytest.mark.parametrize("seconds", [1e-6, 1e-3, 0.5, 0.999])
+def test_every_has_a_floor_of_one_second(seconds: float) -> None:
+    app = aqw.App("memory://")
+    with pytest.raises(aqw.ConfigError, match="every must be at least 1 second") as err:
+        app.task(name="fast", schedule=aqw.Every(seconds))(_noop)
+    one_line(err.value)
+    app.task(name="ok", schedule=aqw.Every(1))(_noop)
+    assert MIN_EVERY == 1.0
+
+
+async def test_one_failing_schedule_never_stops_the_others(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="aqw.scheduler")
+    app = aqw.App("memory://")
+    # registered first: its tick's job is over its own cap, so every enqueue of it is refused
+    app.task(name="broken", schedule=aqw.Every(10), max_payload_bytes=1)(_noop)
+    app.task(name="fine", schedule=aqw.Every(10))(_noop)
+    scheduler = Scheduler(app.broker, app.tasks, asyncio.Event(), app.worker().outage, "w")
+    await app.broker.connect()
+
+    def said(level: int) -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelno == level]
+
+    await scheduler.enqueue_due(now=1005.0)  # both start at their next tick
+    for now in (1015.0, 1015.5, 1016.2, 1017.0, 1018.3, 1025.0):
+        await scheduler.enqueue_due(now=now)
+    marks = await app.broker.schedule_marks()
+    assert marks["fine"].tick == 1020.0 and marks["broken"].tick == 1000.0
+    assert (await app.broker.depth()).waiting == 2  # the ticks of 1010 and 1020
+    errors = said(logging.ERROR)
+    assert len(errors) == 1, errors  # said once, with its backoff after it
+    assert errors[0].startswith("periodic task broken (every 10s) failed: PayloadTooLarge")
+    # tried again after 1 s (1016.2), then after 2 s (1018.3), then after 4 s (1025.0):
+    # not at 1015.5 nor 1017.0
+    again = [m for m in said(logging.DEBUG) if m.startswith("periodic task broken failed again")]
+    assert len(again) == 3, again
+    await app.close()
