@@ -1,7 +1,8 @@
 """Connections after a Redis restart: the pooled connections the server closed are opened
 anew before anything is sent on them, a read whose reply was lost with its connection is sent
 once more on a new one, and an enqueue whose reply was lost never is (it may have been
-written: sending it again would enqueue twice).
+written: sending it again would enqueue twice). And ``aqw worker --wait-for-broker``, for a
+compose file that starts the worker and Redis together.
 
 Every test that stops Redis runs its own redis-server (``PrivateRedis``), never the shared one.
 """
@@ -10,16 +11,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import redis.exceptions
+from _helpers import free_port
 from conftest import PrivateRedis
 from redis.asyncio import Redis
 
 import aqw
 from aqw._redis import scripts
 from aqw._redis.client import repeatable
+from aqw.cli._main import build_parser
+from aqw.cli.supervisor import worker_argv
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -185,3 +193,79 @@ def test_only_reads_and_the_scripts_safe_to_repeat_are_sent_again() -> None:
         assert not repeatable(command), command
     assert not repeatable(("SCRIPT", "FLUSH"))
     assert not repeatable(())
+
+
+# -- aqw worker --wait-for-broker -------------------------------------------------------------
+
+
+def aqw_worker(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "aqw", "--log-level", "WARNING", "worker", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=TESTS,
+    )
+
+
+async def test_a_worker_waits_for_a_broker_that_starts_after_it(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    server = PrivateRedis(tmp_path)  # its port chosen, nobody listening yet
+    worker = aqw_worker(
+        "outage_app:app", "--broker", server.url, "--wait-for-broker", "60", env=subprocess_env
+    )
+    app = aqw.App(server.url, queue="outage")
+
+    @app.task(name="work", keep_result=True)
+    async def work(n: int) -> None: ...
+
+    try:
+        assert worker.stderr is not None
+        first = await asyncio.to_thread(worker.stderr.readline)  # it waits, and says so
+        assert f"waiting for the broker redis://127.0.0.1:{server.port}/0" in first, first
+        assert worker.poll() is None
+        server.start()
+        jobs = [await work.enqueue(n) for n in range(3)]
+        for job_id in jobs:  # run by the worker that waited
+            info = await app.jobs.wait(job_id, timeout=30)
+            assert info.state == "succeeded"
+        worker.send_signal(signal.SIGTERM)
+        _, rest = await asyncio.to_thread(worker.communicate, timeout=30)
+        assert worker.returncode == 0, rest
+        assert "3 processed" in rest
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(timeout=10)
+        await app.close()
+        server.kill()
+
+
+def test_without_waiting_a_worker_exits_at_once_with_one_line(
+    subprocess_env: dict[str, str],
+) -> None:
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    started = time.monotonic()
+    done = aqw_worker("outage_app:app", "--broker", dead, env=subprocess_env)
+    _, stderr = done.communicate(timeout=30)
+    assert done.returncode == 1, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("aqw: error: cannot reach the redis"), stderr
+    assert time.monotonic() - started < 20  # no waiting: the time it takes to start Python
+
+    env = {**subprocess_env, "AQW_WAIT_FOR_BROKER": "1.5"}  # the variable, for a while only
+    done = aqw_worker("outage_app:app", "--broker", dead, env=env)
+    _, stderr = done.communicate(timeout=30)
+    assert done.returncode == 1, stderr
+    lines = stderr.strip().splitlines()
+    assert "waiting for the broker" in lines[0], stderr
+    assert lines[-1].startswith("aqw: error: cannot reach the redis"), stderr
+    assert "no answer for 1.5s of --wait-for-broker" in lines[-1], stderr
+
+
+def test_the_supervisor_passes_the_wait_on_to_its_workers() -> None:
+    args = build_parser().parse_args(["worker", "a:app", "--wait-for-broker", "30", "-p", "2"])
+    argv = worker_argv(args)
+    assert argv[argv.index("--wait-for-broker") + 1] == "30.0"
