@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from pydantic import BaseModel
 import aqw
 from aqw._redis import scripts
 from aqw._redis.keys import QueueKeys
+from aqw.dashboard._actions import _check_payload
 from aqw.schedule import MIN_EVERY
 from aqw.worker._scheduler import Scheduler
 from tests._helpers import depth
@@ -144,6 +146,28 @@ async def test_a_list_that_contains_itself_is_an_aqw_error_naming_the_task() -> 
     circular.append(circular)
     with pytest.raises(aqw.ConfigError, match="'anything': the payload cannot be written"):
         await app.tasks["anything"].enqueue(circular)
+
+
+async def test_a_dead_job_replayed_with_a_non_finite_payload_is_refused() -> None:
+    app = aqw.App("memory://")
+
+    @app.task(name="resize")
+    async def resize(image: Image) -> None:
+        raise aqw.Reject("no")
+
+    await resize.enqueue({"size": {"width": 1, "height": 2}})
+    async with app.worker(burst=True) as worker:
+        await worker.wait_stopped()
+    (entry,) = await app.dlq.list()
+    bad = {"size": {"width": INF, "height": 2}}
+    with pytest.raises(aqw.ConfigError, match=r"'resize': payload field 'size\.width' is inf"):
+        await app.dlq.replay([entry.id], edit_payload=bad)
+    assert await depth(app) == (0, 0, 0, 1)  # still dead, nothing replayed
+    # the dashboard's edit form says so before asking: NaN is no JSON number
+    dash = SimpleNamespace(app=app)
+    text = '{"size": {"width": NaN, "height": 2}}'
+    said = _check_payload(dash, "resize", text)  # type: ignore[arg-type]
+    assert said == "payload is not JSON: NaN is not a JSON number"
 
 
 class Score(BaseModel):
