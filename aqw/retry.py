@@ -6,7 +6,13 @@ import math
 import random
 from dataclasses import dataclass, field
 
+from ._text import quoted
 from .errors import ConfigError
+
+
+def _finite(value: object) -> bool:
+    """A finite number (a bool or a string is none)."""
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,14 +32,21 @@ class RetryPolicy:
     no_retry: tuple[type[BaseException], ...] = field(default=())
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_retries, int) or self.max_retries < 0:
+        retries = self.max_retries
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ConfigError(
-                f"RetryPolicy max_retries must be an integer >= 0, got {self.max_retries!r}"
+                f"RetryPolicy max_retries must be an integer >= 0, got {quoted(retries)}"
             )
-        if not math.isfinite(self.base) or self.base <= 0:
-            raise ConfigError(f"RetryPolicy base must be a finite number > 0, got {self.base!r}")
-        if not math.isfinite(self.cap):
-            raise ConfigError(f"RetryPolicy cap must be a finite number, got {self.cap!r}")
+        if not _finite(self.base) or self.base <= 0:
+            raise ConfigError(
+                f"RetryPolicy base must be a finite number > 0, got {quoted(self.base)}"
+            )
+        if not _finite(self.cap):
+            raise ConfigError(f"RetryPolicy cap must be a finite number, got {quoted(self.cap)}")
+        if not isinstance(self.jitter, bool):
+            raise ConfigError(
+                f"RetryPolicy jitter must be True or False, got {quoted(self.jitter)}"
+            )
         if self.cap < self.base:
             raise ConfigError(f"RetryPolicy cap ({self.cap!r}) must be >= base ({self.base!r})")
 

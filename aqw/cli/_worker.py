@@ -7,16 +7,19 @@ import argparse
 import asyncio
 import gc
 import logging
+import math
 import os
 import sys
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from .._text import error_line
 from ..brokers.base import Broker
 from ..brokers.multi import queue_plan
-from ..errors import ConfigError
+from ..errors import BrokerUnavailable, ConfigError
 from ..telemetry import configure_otel, shutdown_otel
+from ..worker import Worker
 from ._common import (
     add_log_options,
     add_target,
@@ -72,6 +75,14 @@ def add_parser(sub: Any) -> None:
         "(default AQW_PRIORITY_SHARE, else 0.05)",
     )
     w.add_argument("--burst", action="store_true", help="exit when the queue is empty")
+    w.add_argument(
+        "--wait-for-broker",
+        type=number(0),
+        metavar="SECONDS",
+        help="wait up to this long for the broker to answer before starting (a compose "
+        "file's start-up race), saying so every few seconds; 0: exit at once with one line "
+        "(for systemd or Kubernetes to restart) (default AQW_WAIT_FOR_BROKER, else 0)",
+    )
     w.add_argument(
         "--loop",
         choices=LOOPS,
@@ -173,6 +184,48 @@ def freeze_start_up_heap() -> None:
     gc.freeze()
 
 
+#: Seconds between two "waiting for the broker" lines of ``--wait-for-broker``.
+WAIT_SAY_EVERY = 5.0
+#: Pauses between two tries to reach the broker: first and longest, in seconds.
+WAIT_FIRST, WAIT_MAX = 0.1, 1.0
+
+
+async def start_when_reachable(worker: Worker, where: str, wait: float) -> None:
+    """``worker.start()``, tried again while the broker cannot be reached, for up to ``wait``
+    seconds (0: once): one line when it starts waiting and one every ``WAIT_SAY_EVERY``
+    seconds, then ``BrokerUnavailable`` (the command's one error line) if it never answered.
+
+    Why not wait by default: under systemd (``Restart=on-failure``) or Kubernetes (a pod's
+    restart with backoff, its readiness) a worker that exits at once, with the reason, is
+    restarted by something that counts and reports the failures. A compose file starts the
+    worker and Redis together, and the worker would lose that race every time."""
+    deadline = time.monotonic() + wait
+    pause, said = WAIT_FIRST, -math.inf
+    while True:
+        try:
+            await worker.start()
+            return
+        except BrokerUnavailable as exc:
+            now = time.monotonic()
+            left = deadline - now
+            if left <= 0:
+                if wait > 0:
+                    raise BrokerUnavailable(
+                        f"{exc} (no answer for {wait:g}s of --wait-for-broker)"
+                    ) from exc
+                raise
+            if now - said >= WAIT_SAY_EVERY:
+                said = now
+                log.warning(
+                    "waiting for the broker %s to answer (%s); up to %.0fs more",
+                    where,
+                    error_line(exc.__cause__ or exc),
+                    left,
+                )
+            await asyncio.sleep(min(pause, left))
+            pause = min(pause * 2, WAIT_MAX)
+
+
 async def run(args: argparse.Namespace) -> int:
     """``aqw worker``: one worker in this process, until stopped; prints its counts."""
     app = resolve_app(args)
@@ -200,9 +253,12 @@ async def run(args: argparse.Namespace) -> int:
         queues=None if queues is None else parse_queues(queues),
         priority_share=share,
     )
+    wait: float | None = args.wait_for_broker
+    if wait is None:
+        wait = env_float("AQW_WAIT_FOR_BROKER", 0.0, minimum=0.0)
     started = time.perf_counter()
     try:
-        await worker.start()
+        await start_when_reachable(worker, app.broker.describe(), wait)
         freeze_start_up_heap()
         try:
             await worker.wait_stopped()

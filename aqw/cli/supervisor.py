@@ -92,6 +92,7 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
         "grace",
         "priority_share",
         "loop",
+        "wait_for_broker",
     ):
         value = getattr(args, option, None)
         if value is not None:
