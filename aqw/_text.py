@@ -35,3 +35,9 @@ def _escape(c: str, keep_newlines: bool) -> str:
     if code < 0x10000:
         return f"\\u{code:04x}"
     return f"\\U{code:08x}"
+
+
+def plural(count: int, word: str, words: str | None = None) -> str:
+    """``1 job``, ``2 jobs``: ``count`` and ``word``, or ``words`` (default ``word + "s"``)
+    when ``count`` is not 1."""
+    return f"{count} {word if count == 1 else (words or word + 's')}"

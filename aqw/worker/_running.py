@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from .._text import plural
 from ..brokers.base import Broker
 from ..context import Context
 from ..job import Job
@@ -37,6 +38,32 @@ class WorkerStats:
 
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.__slots__}
+
+    def summary(self) -> str:
+        """The counters for people, those above 0 only: ``3 succeeded, 1 retried,
+        1 dead-lettered (2 failed attempts in all)``. A retried attempt is a failed one, so
+        the failed attempts are said once, as the total they are."""
+        parts = [f"{self.processed} succeeded"]
+        parts += [f"{n} {label}" for label, n in self._others() if n]
+        if self.failed:
+            parts[-1] += f" ({plural(self.failed, 'failed attempt')} in all)"
+        return ", ".join(parts)
+
+    def _others(self) -> list[tuple[str, int]]:
+        return [
+            ("retried", self.retried),
+            ("dead-lettered", self.dead),
+            ("cancelled", self.cancelled),
+            ("expired", self.expired),
+            ("skipped as duplicates", self.duplicates_skipped),
+            ("malformed", self.malformed),
+            ("deferred by a limit", self.deferred),
+            ("handed back", self.requeued),
+            ("lost to another holder", self.lease_lost),
+            ("held by another holder", self.lease_busy),
+            ("reported stuck", self.stuck),
+            ("event-loop stalls", self.loop_blocked),
+        ]
 
 
 class RunningJob:
