@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..errors import extra_hint
 from ._common import CliError, add_log_options, add_target, integer, resolve_app
 
 
@@ -22,7 +23,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=integer(1), default=8080, help="port to listen on (default 8080)")
     p.add_argument(
-        "--read-only", action="store_true", help="refuse every write action (cancel, replay)"
+        "--read-only",
+        action="store_true",
+        help="refuse every write action (cancel, replay, purge: whatever changes the queue)",
     )
     p.add_argument(
         "--trace-url",
@@ -42,7 +45,8 @@ async def run(args: argparse.Namespace) -> int:
         from ..dashboard import create_app
     except ImportError as exc:
         raise CliError(
-            f"aqw dashboard needs the dashboard extra (pip install 'aqw[dashboard]'): {exc}"
+            f"aqw dashboard needs the dashboard extra (no module named {exc.name!r}): "
+            f"{extra_hint('dashboard')}"
         ) from None
     app = resolve_app(args)
     try:

@@ -8,7 +8,19 @@ Pages: overview (``aqw status``'s numbers and an hour of depth), workers, runnin
 fingerprint; replay, replay with an edited payload, purge), one job's record, and the
 Redis server's memory. Every page reads a bounded amount, whatever the queue holds."""
 
-from ._app import create_app
-from ._core import AuthHook
+from ..errors import extra_hint
+
+try:
+    from ._app import create_app
+    from ._core import AuthHook
+except ModuleNotFoundError as exc:  # the extra is not installed: say which, in one line
+    _missing = (exc.name or "").partition(".")[0]
+    if _missing not in ("starlette", "jinja2", "markupsafe"):
+        raise
+    raise ImportError(
+        f"aqw.dashboard needs the dashboard extra (no module named {_missing!r}): "
+        f"{extra_hint('dashboard')}",
+        name=_missing,
+    ) from None
 
 __all__ = ["AuthHook", "create_app"]
