@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from aqw.errors import EXTRAS, extra_hint
-from tests._helpers import REDIS_URL
+from tests._helpers import REDIS_URL, free_port
 
 pytestmark = [pytest.mark.timeout(90)]
 
@@ -262,6 +262,14 @@ def test_ctrl_c_exits_130(project: Path) -> None:
     assert status == 130, said
     assert "received SIGINT: stopping gracefully" in said
     assert re.search(r"stopped after \d+\.\ds: 0 succeeded", said), said
+    assert "Traceback" not in said
+
+
+def test_ctrl_c_on_the_dashboard_exits_130(project: Path) -> None:
+    pytest.importorskip("uvicorn")
+    argv = [sys.executable, "-m", "aqw", "dashboard", "jobs:app", "--port", str(free_port())]
+    status, said = interrupted(project, argv, "Uvicorn running on")
+    assert status == 130, said
     assert "Traceback" not in said
 
 

@@ -4,10 +4,11 @@ unless told otherwise (``--host``). Needs the ``dashboard`` extra."""
 from __future__ import annotations
 
 import argparse
+import signal
 from typing import Any
 
 from ..errors import extra_hint
-from ._common import CliError, add_log_options, add_target, integer, resolve_app
+from ._common import EXIT_INTERRUPTED, CliError, add_log_options, add_target, integer, resolve_app
 
 
 def add_parser(sub: Any) -> None:
@@ -52,7 +53,10 @@ async def run(args: argparse.Namespace) -> int:
     try:
         web = create_app(app, read_only=args.read_only, trace_url=args.trace_url)
         config = uvicorn.Config(web, host=args.host, port=args.port, log_level="info")
-        await uvicorn.Server(config).serve()
+        server = uvicorn.Server(config)
+        await server.serve()
     finally:
         await app.close()
-    return 0
+    # uvicorn handles SIGINT and SIGTERM itself; after Ctrl-C exit 130, as every command.
+    interrupted = signal.SIGINT in getattr(server, "_captured_signals", ())
+    return EXIT_INTERRUPTED if interrupted else 0
