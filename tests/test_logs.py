@@ -445,7 +445,7 @@ async def test_the_start_line_names_the_broker_and_the_stop_line_sums_up_once(
     [stop] = [line for line in lines if " stopped after " in line]
     assert re.fullmatch(
         rf"worker {worker.name} stopped after \d+\.\ds: 2 succeeded, 2 retried, "
-        r"2 dead-lettered \(4 failed attempts in all\)",
+        r"2 dead-lettered; 4 failed attempts in all",
         stop,
     ), stop
     [record] = [r for r in caplog.records if " stopped after " in r.getMessage()]
@@ -493,3 +493,14 @@ async def test_debug_logs_hide_redis_maint_notifications_noise(redis_url: str) -
     text = await connect_and_read(quiet)
     assert "maintenance notifications" not in text
     assert "still at DEBUG" in text  # only that line is gone
+
+
+def test_the_stop_summary_says_each_count_once() -> None:
+    stats = aqw.WorkerStats(processed=2000, failed=40, retried=40)
+    assert stats.summary() == "2000 succeeded, 40 retried"  # each failed attempt was retried
+    stats = aqw.WorkerStats(processed=1, failed=3, retried=2, dead=1, requeued=1)
+    assert (
+        stats.summary()
+        == "1 succeeded, 2 retried, 1 dead-lettered, 1 handed back; 3 failed attempts in all"
+    )
+    assert aqw.WorkerStats().summary() == "0 succeeded"

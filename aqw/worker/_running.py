@@ -43,13 +43,15 @@ class WorkerStats:
 
     def summary(self) -> str:
         """The counters for people, those above 0 only: ``3 succeeded, 1 retried,
-        1 dead-lettered (2 failed attempts in all)``. A retried attempt is a failed one, so
-        the failed attempts are said once, as the total they are."""
+        1 dead-lettered; 2 failed attempts in all``. A retried attempt is a failed one, so
+        the failed attempts are said once, as the total they are, and only when some were
+        not retried."""
         parts = [f"{self.processed} succeeded"]
         parts += [f"{n} {label}" for label, n in self._others() if n]
-        if self.failed:
-            parts[-1] += f" ({plural(self.failed, 'failed attempt')} in all)"
-        return ", ".join(parts)
+        said = ", ".join(parts)
+        if self.failed != self.retried:
+            said += f"; {plural(self.failed, 'failed attempt')} in all"
+        return said
 
     def _others(self) -> list[tuple[str, int]]:
         return [
