@@ -11,7 +11,7 @@ from .brokers._flow import flow_control
 from .brokers.multi import check_queue
 from .cache import Cache
 from .errors import ConfigError
-from .retry import RetryPolicy
+from .retry import RetryPolicy, error_classes
 from .schedule import Schedule
 from .task import Invalidates, TaskOptions
 
@@ -21,6 +21,7 @@ class TaskSettings(TypedDict, total=False):
 
     max_retries: int | None
     retry: RetryPolicy | None
+    retry_on: type[BaseException] | tuple[type[BaseException], ...] | None
     lease_ttl: float | None
     timeout: float | None
     sla: float | None
@@ -67,6 +68,9 @@ def task_options(app: AppDefaults, task_name: str, settings: TaskSettings) -> Ta
     max_retries = s.get("max_retries")
     if max_retries is not None:
         policy = policy.with_max_retries(max_retries)
+    retry_on = s.get("retry_on")
+    if retry_on is not None:
+        policy = policy.with_retry_on(error_classes(f"task {task_name!r}: retry_on", retry_on))
     ttl = s.get("lease_ttl")
     ttl = app.lease_ttl if ttl is None else ttl
     limit = s.get("timeout")

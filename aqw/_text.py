@@ -66,3 +66,9 @@ def error_line(exc: BaseException, limit: int = QUOTED_CHARS) -> str:
     if len(text) > limit:
         text = text[:limit] + "..."
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def plural(count: int, word: str, words: str | None = None) -> str:
+    """``1 job``, ``2 jobs``: ``count`` and ``word``, or ``words`` (default ``word + "s"``)
+    when ``count`` is not 1."""
+    return f"{count} {word if count == 1 else (words or word + 's')}"

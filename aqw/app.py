@@ -202,6 +202,8 @@ class App:
             name: the task's name on the wire (default: the function's ``__qualname__``).
             max_retries: retries after the first run (overrides the policy's bound).
             retry: this task's ``RetryPolicy`` (default: the app's).
+            retry_on: retry only these errors (an exception class or a tuple of them;
+                Celery's ``autoretry_for``): any other error dead-letters the job at once.
             lease_ttl: seconds the job's lease lives between renewals.
             timeout: seconds the handler may run before it is cancelled and retried.
             sla: the expected duration in seconds; a job running past 2x is reported stuck.

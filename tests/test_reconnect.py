@@ -234,7 +234,7 @@ async def test_a_worker_waits_for_a_broker_that_starts_after_it(
         worker.send_signal(signal.SIGTERM)
         _, rest = await asyncio.to_thread(worker.communicate, timeout=30)
         assert worker.returncode == 0, rest
-        assert "3 processed" in rest
+        assert "3 succeeded" in rest
     finally:
         if worker.poll() is None:
             worker.kill()

@@ -9,6 +9,7 @@ import gc
 import logging
 import math
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Coroutine
@@ -17,10 +18,11 @@ from typing import Any
 from .._text import error_line
 from ..brokers.base import Broker
 from ..brokers.multi import queue_plan
-from ..errors import BrokerUnavailable, ConfigError
+from ..errors import BrokerUnavailable, ConfigError, extra_hint
 from ..telemetry import configure_otel, shutdown_otel
 from ..worker import Worker
 from ._common import (
+    EXIT_INTERRUPTED,
     add_log_options,
     add_target,
     env_float,
@@ -28,10 +30,12 @@ from ._common import (
     integer,
     number,
     resolve_app,
+    target_options,
 )
 from .supervisor import run_supervised, worker_argv
 
 log = logging.getLogger("aqw.cli")
+log_of_worker = logging.getLogger("aqw.worker")
 
 #: The event loops ``aqw worker --loop`` runs on.
 LOOPS = ("asyncio", "uvloop")
@@ -150,7 +154,7 @@ def loop_runner(args: argparse.Namespace) -> Callable[[Coroutine[Any, Any, int]]
         import uvloop
     except ImportError:
         raise ConfigError(
-            f"{source} uvloop: uvloop is not installed; pip install 'aqw[uvloop]'"
+            f"{source} uvloop: uvloop is not installed; {extra_hint('uvloop')}"
         ) from None
 
     def run_on_uvloop(coro: Coroutine[Any, Any, int]) -> int:
@@ -253,6 +257,7 @@ async def run(args: argparse.Namespace) -> int:
         queues=None if queues is None else parse_queues(queues),
         priority_share=share,
     )
+    worker.hints.target = target_options(args)  # for the hints of its log lines
     wait: float | None = args.wait_for_broker
     if wait is None:
         wait = env_float("AQW_WAIT_FOR_BROKER", 0.0, minimum=0.0)
@@ -267,11 +272,7 @@ async def run(args: argparse.Namespace) -> int:
     finally:
         await app.close()
         shutdown_otel()
-    elapsed = time.perf_counter() - started
-    s = worker.stats
-    print(
-        f"aqw worker: {s.processed} processed, {s.retried} retried, {s.dead} dead-lettered, "
-        f"{s.failed} failed runs in {elapsed:.1f}s",
-        file=sys.stderr,
-    )
-    return 0
+    if not log_of_worker.isEnabledFor(logging.INFO):  # else its stop line said it
+        elapsed = time.perf_counter() - started
+        print(f"aqw worker: {worker.stats.summary()} in {elapsed:.1f}s", file=sys.stderr)
+    return EXIT_INTERRUPTED if worker.stopping.signal == signal.SIGINT else 0
