@@ -54,7 +54,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("fastapi", "monitor", "status", "dashboard", "timetable"),
     ("app",),
     ("worker",),
-    ("task", "schedule", "context", "telemetry", "cache", "idempotency"),
+    ("task", "_codecs", "schedule", "context", "telemetry", "cache", "idempotency"),
     ("brokers",),
     ("lease", "retry", "flow"),
     (

@@ -9,13 +9,14 @@ listens and which queue it shows, before uvicorn serves."""
 from __future__ import annotations
 
 import argparse
+import signal
 import socket
 import sys
 from typing import Any
 
 from .._redact import redact_error
-from ..errors import BrokerUnavailable
-from ._common import CliError, add_log_options, add_target, integer, resolve_app
+from ..errors import BrokerUnavailable, extra_hint
+from ._common import EXIT_INTERRUPTED, CliError, add_log_options, add_target, integer, resolve_app
 
 
 def add_parser(sub: Any) -> None:
@@ -81,7 +82,8 @@ async def run(args: argparse.Namespace) -> int:
         from ..dashboard import create_app
     except ImportError as exc:
         raise CliError(
-            f"aqw dashboard needs the dashboard extra (pip install 'aqw[dashboard]'): {exc}"
+            f"aqw dashboard needs the dashboard extra (no module named {exc.name!r}): "
+            f"{extra_hint('dashboard')}"
         ) from None
     app = resolve_app(args)
     try:
@@ -101,8 +103,11 @@ async def run(args: argparse.Namespace) -> int:
         )
         sys.stderr.flush()
         config = uvicorn.Config(web, log_level="info")
+        server = uvicorn.Server(config)
         with sock:
-            await uvicorn.Server(config).serve(sockets=[sock])
+            await server.serve(sockets=[sock])
     finally:
         await app.close()
-    return 0
+    # uvicorn handles SIGINT and SIGTERM itself; after Ctrl-C exit 130, as every command.
+    interrupted = signal.SIGINT in getattr(server, "_captured_signals", ())
+    return EXIT_INTERRUPTED if interrupted else 0
