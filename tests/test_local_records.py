@@ -1,6 +1,7 @@
 """``LocalRecords`` (aqw/brokers/_local_records.py), the in-process job records of the memory
 and SQS brokers: their bound, their expiry, the callers waiting for a job to end, the
-running-job states read from them, and ``LocalStartGuard``, the job lease that starts a job.
+running-job states read from them, and ``LocalStartGuard`` (aqw/brokers/_local_start.py),
+the job lease that starts a job.
 
 Times are a fake clock where a test is about expiry (the module's ``time``, patched), and
 real, short, where asyncio has to wait."""
@@ -18,9 +19,9 @@ from aqw.brokers import _local_records as lr
 from aqw.brokers._local_records import (
     LEASE_GRACE,
     LocalRecords,
-    LocalStartGuard,
     running_state,
 )
+from aqw.brokers._local_start import LocalStartGuard
 from aqw.brokers.memory import MemoryLeaseBackend
 from aqw.record import DEFAULT_KEEP_FOR, UNFINISHED_KEEP
 

@@ -27,6 +27,7 @@ from ..errors import ConfigError
 from ..job import Job
 from ..lease import LeaseBackend
 from ._debounce import is_debounced
+from .messages import Delivery
 
 #: Period units of a rate limit, in seconds.
 PERIODS = {
@@ -197,10 +198,13 @@ class FlowSteps:
     #: True when ``limited_lease_backend`` enforces limits across every worker of the queue.
     enforces_limits = False
 
-    def limited_lease_backend(self, job: Job, limits: Limits) -> LeaseBackend:
+    def limited_lease_backend(
+        self, job: Job, limits: Limits, delivery: Delivery | None = None
+    ) -> LeaseBackend:
         """``job_lease_backend`` whose ``acquire`` also admits the job under ``limits`` (its
         rate bucket and per-key caps) in the same step, or raises ``aqw.RateLimited``, taking
-        nothing. Only brokers that ``enforces_limits`` have it."""
+        nothing (a stale start is refused first, as ``job_lease_backend``'s). Only brokers
+        that ``enforces_limits`` have it."""
         raise ConfigError(f"the {type(self).__name__} broker cannot enforce rate limits or caps")
 
 

@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable
 
 from ..errors import RateLimited
-from ..lease import LeaseBackend
 from ._flow import Limits, cap_wait, rate_wait
+from ._local_start import LocalStartGuard
 
 
 class _Bucket:
@@ -87,7 +87,7 @@ class LimitedStart:
     __slots__ = ("_alive", "_inner", "_limiter", "_limits")
 
     def __init__(
-        self, inner: LeaseBackend, limiter: LocalLimiter, limits: Limits, alive: Alive
+        self, inner: LocalStartGuard, limiter: LocalLimiter, limits: Limits, alive: Alive
     ) -> None:
         self._inner = inner
         self._limiter = limiter
@@ -95,6 +95,7 @@ class LimitedStart:
         self._alive = alive
 
     async def acquire(self, key: str, token: str, ttl_ms: int) -> int | None:
+        await self._inner.check()  # a stale or cancelled start is refused before any limit
         holder = self._alive(key)
         if holder is not None and holder != token:
             return None

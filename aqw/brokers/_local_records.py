@@ -20,7 +20,6 @@ from typing import Literal
 
 from ..errors import JobCancelled, UnknownJob
 from ..job import Job
-from ..lease import LeaseBackend
 from ..record import FINAL_STATES, UNFINISHED_KEEP, JobInfo, stamp
 
 CancelOutcome = Literal["cancelled", "cancelling", "finished", "unknown"]
@@ -171,6 +170,12 @@ class LocalRecords:
         return fields is not None and (
             fields.get("state") == "cancelled" or fields.get("cancel") == "1"
         )
+
+    def has_ended(self, job_id: str) -> bool:
+        """True when the job's record reads a final state (succeeded, failed, dead,
+        cancelled, expired): nothing of it is left to run."""
+        fields = self._get(job_id)
+        return fields is not None and fields.get("state") in FINAL_STATES
 
     def started(
         self,
@@ -347,41 +352,3 @@ class LocalRecords:
         for fut in self._waiters.pop(job_id, ()):
             if not fut.done():
                 fut.set_result(info)
-
-
-class LocalStartGuard:
-    """A job's lease backend whose ``acquire`` also marks the job running in ``records``
-    (and refuses a cancelled job with ``JobCancelled``, taking nothing), and whose
-    ``renew`` moves the record's lease expiry on: the default of ``Broker.job_lease_backend``."""
-
-    __slots__ = ("_backend", "_fence", "_job", "_records", "_worker")
-
-    def __init__(self, backend: LeaseBackend, records: LocalRecords, job: Job, worker: str):
-        self._backend = backend
-        self._records = records
-        self._job = job
-        self._worker = worker
-        self._fence: int | None = None
-
-    async def acquire(self, key: str, token: str, ttl_ms: int) -> int | None:
-        if self._records.is_cancelled(self._job.id):
-            raise JobCancelled(self._job.id)
-        fence = await self._backend.acquire(key, token, ttl_ms)
-        if fence is not None:
-            try:
-                self._records.started(self._job, self._worker, fence, time.time() + ttl_ms / 1000)
-            except JobCancelled:  # cancelled while the acquire was on its way
-                await self._backend.release(key, token)
-                raise
-            self._fence = fence
-        return fence
-
-    async def renew(self, key: str, token: str, ttl_ms: int) -> bool:
-        renewed = await self._backend.renew(key, token, ttl_ms)
-        if renewed and self._fence is not None:
-            expires = {"lease_expires_at": repr(time.time() + ttl_ms / 1000)}
-            self._records.update(self._job.id, expires, self._fence)
-        return renewed
-
-    async def release(self, key: str, token: str) -> bool:
-        return await self._backend.release(key, token)

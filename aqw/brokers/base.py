@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from ..errors import ConfigError
@@ -17,7 +18,8 @@ from ..record import DEFAULT_KEEP_FOR, JobInfo
 from ._debounce import DebouncedPublish
 from ._flow import FlowSteps
 from ._levels import PriorityShare
-from ._local_records import CancelOutcome, LocalRecords, LocalStartGuard
+from ._local_records import CancelOutcome, LocalRecords
+from ._local_start import LocalStartGuard
 from ._local_status import LocalStatus
 from ._schedule_marks import ScheduleMarks
 from ._views import BrokerViews
@@ -212,11 +214,27 @@ class Broker(ScheduleMarks, BrokerViews, DebouncedPublish, PriorityShare, FlowSt
     # that move the job (publish, the lease taken by ``job_lease_backend``, ack, retry,
     # dead_letter, requeue) and override all of these and the running-job states below.
 
-    def job_lease_backend(self, job: Job) -> LeaseBackend:
+    def job_lease_backend(self, job: Job, delivery: Delivery | None = None) -> LeaseBackend:
         """The backend of ``job``'s own lease. Its ``acquire`` also marks the job running,
         in the same step, and raises ``aqw.JobCancelled`` (taking nothing) when the job
-        was cancelled before it started."""
-        return LocalStartGuard(self.lease_backend(), self.local_records, job, self.consumer)
+        was cancelled before it started. With ``delivery`` (the one being started), it
+        raises ``StaleStart``, taking nothing, when the delivery is no longer this
+        consumer's or the job has ended (a delivery of an ended job is dropped unrun).
+        This default is ``local_start``'s."""
+        return self.local_start(job, delivery)
+
+    def local_start(self, job: Job, delivery: Delivery | None = None) -> LocalStartGuard:
+        """``job_lease_backend`` for brokers whose job records are ``local_records``: the
+        delivery is checked with ``keep_alive`` and dropped with an ``ack`` naming no job."""
+        check = None if delivery is None else partial(self._still_ours, delivery)
+        return LocalStartGuard(self.lease_backend(), self.local_records, job, self.consumer, check)
+
+    async def _still_ours(self, delivery: Delivery, drop: bool) -> bool:
+        """``LocalStartGuard``'s check of ``delivery``: True while it is ours; ``drop``: its
+        job has ended, so settle it unrun (no record is touched)."""
+        if drop:
+            return await self.ack(delivery, None, None)
+        return await self.keep_alive(delivery)
 
     async def record(self, job_id: str) -> JobInfo | None:
         """The job's record, or None when there is none (unknown id, or expired)."""

@@ -294,9 +294,11 @@ class MemoryBroker(LocalViews, LocalDebouncedPublish, Broker):
         self._q.notify()
         return True
 
-    def limited_lease_backend(self, job: Job, limits: Limits) -> LeaseBackend:
+    def limited_lease_backend(
+        self, job: Job, limits: Limits, delivery: Delivery | None = None
+    ) -> LeaseBackend:
         q = self._q
-        return LimitedStart(self.job_lease_backend(job), q.limiter, limits, q.leases.owner)
+        return LimitedStart(self.local_start(job, delivery), q.limiter, limits, q.leases.owner)
 
     async def dead_letter(
         self,

@@ -293,11 +293,17 @@ class MultiBroker(FanOut, Broker):
 
     # -- the home queue's: job leases, schedule marks, views, the DLQ (``aqw dlq --queue Q``)
 
-    def job_lease_backend(self, job: Job) -> LeaseBackend:
-        return self.home.job_lease_backend(job)
+    def job_lease_backend(self, job: Job, delivery: Delivery | None = None) -> LeaseBackend:
+        return self._starting(delivery).job_lease_backend(job, delivery)
 
-    def limited_lease_backend(self, job: Job, limits: Limits) -> LeaseBackend:
-        return self.home.limited_lease_backend(job, limits)
+    def limited_lease_backend(
+        self, job: Job, limits: Limits, delivery: Delivery | None = None
+    ) -> LeaseBackend:
+        return self._starting(delivery).limited_lease_backend(job, limits, delivery)
+
+    def _starting(self, delivery: Delivery | None) -> Broker:
+        """Where a start is checked: the queue of its delivery (which holds it), else home."""
+        return self.home if delivery is None else self.broker_of(delivery)
 
     async def schedule_marks(self) -> dict[str, ScheduleMark]:
         return await self.home.schedule_marks()

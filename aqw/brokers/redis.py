@@ -255,11 +255,17 @@ class RedisBroker(RedisViews, RedisDebouncedPublish, Broker):
 
     # -- job records -----------------------------------------------------------------------
 
-    def job_lease_backend(self, job: Job) -> LeaseBackend:
-        return RedisJobLease(self.jobs, job, self.consumer, None)
+    def job_lease_backend(self, job: Job, delivery: Delivery | None = None) -> LeaseBackend:
+        """Started as the consumer ``delivery`` was read as (workers sharing this broker
+        each read as their own), its entry pending to that consumer."""
+        holder = self.consumer if delivery is None else self._holder(delivery)
+        return RedisJobLease(self.jobs, job, holder, None, delivery)
 
-    def limited_lease_backend(self, job: Job, limits: Limits) -> LeaseBackend:
-        return RedisJobLease(self.jobs, job, self.consumer, limits)
+    def limited_lease_backend(
+        self, job: Job, limits: Limits, delivery: Delivery | None = None
+    ) -> LeaseBackend:
+        holder = self.consumer if delivery is None else self._holder(delivery)
+        return RedisJobLease(self.jobs, job, holder, limits, delivery)
 
     async def record(self, job_id: str) -> JobInfo | None:
         """The job's record; None also when its key holds another type than a hash (not a

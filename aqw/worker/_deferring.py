@@ -39,14 +39,17 @@ def check_limits(broker: Broker, tasks: Mapping[str, Task[Any]]) -> None:
             )
 
 
-def start_backend(broker: Broker, task: Task[Any], job: Job, payload: Any) -> LeaseBackend:
-    """The backend of ``job``'s lease: under its limits (the task's, and the implicit cap of
-    a debounced job, ``_flow.debounce_cap``) when the broker enforces them."""
+def start_backend(
+    broker: Broker, task: Task[Any], job: Job, payload: Any, delivery: Delivery
+) -> LeaseBackend:
+    """The backend of ``job``'s lease, which starts ``delivery`` only while it is still this
+    consumer's: under its limits (the task's, and the implicit cap of a debounced job,
+    ``_flow.debounce_cap``) when the broker enforces them."""
     if broker.enforces_limits:
         limits = task.options.flow.limits(task.name, payload, job)
         if limits:
-            return broker.limited_lease_backend(job, limits)
-    return broker.job_lease_backend(job)
+            return broker.limited_lease_backend(job, limits, delivery)
+    return broker.job_lease_backend(job, delivery)
 
 
 async def defer(

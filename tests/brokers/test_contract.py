@@ -34,10 +34,12 @@ import pytest
 from conftest import open_backend
 
 import aqw
+from aqw.brokers._flow import Limits
 from aqw.brokers.base import Broker, Delivery, Failure, Finish
 from aqw.brokers.memory import MemoryBroker
 from aqw.brokers.partitioned import PartitionedBroker
 from aqw.brokers.redis import RedisBroker
+from aqw.errors import StaleStart
 from aqw.lease import Lease
 from aqw.record import JobError, JobInfo
 from tests._helpers import eventually
@@ -569,6 +571,81 @@ async def test_a_held_lease_keeps_the_delivery(contract_broker: Contract) -> Non
     assert await holder.ack(d, sent, None) is True
 
 
+# -- a start is only for a live delivery ------------------------------------------------------
+
+
+async def test_a_start_after_a_takeover_and_settle_takes_nothing(contract_broker: Contract) -> None:
+    """Consumer A fetches and pauses past its lease; B takes the delivery over (memory, Redis:
+    reclaim; SQS: the visibility ran out), runs and acknowledges it; then A's start is refused
+    (``StaleStart``), in the same step as the lease it would take: no lease key, no fencing
+    token handed out, the record as B's settle left it (SQS: each broker object's own, the
+    module docstring; A's reads as A left it). Under its limits too, refused before them."""
+    kit = contract_broker
+    a = await kit.consumer("a", visibility=1)  # SQS: a 1 s visibility on receive
+    b = await kit.consumer("b")
+    sent = job(60)
+    await a.publish([sent])
+    d = await fetch_one(a)
+    if kit.sqs:
+        again = await fetch_one(b, within=6)
+    else:
+        await asyncio.sleep(0.1)
+        [again] = await b.reclaim(10, lambda _: 0.05, 0.05)
+    got, lease_b = await start(b, again)
+    assert await b.ack(again, got, lease_b, 0.0, Finish(keep_for=60)) is True
+    settled = await rec(b, sent.id)
+    mine = await rec(a, sent.id)
+
+    key = a.job_lease_key(sent)
+    backends = [a.job_lease_backend(sent, d)]
+    if a.enforces_limits:
+        backends.append(a.limited_lease_backend(sent, Limits("b", 10**9, 0, (("k", 1),)), d))
+    for backend in backends:
+        stale = Lease(backend, key, ttl=30)
+        with pytest.raises(StaleStart) as refused:
+            await stale.acquire()
+        assert refused.value.job_id == sent.id and not refused.value.ended
+        assert stale.fencing_token == 0
+        assert await a.lease_backend().renew(key, stale.token, 5000) is False  # nothing taken
+    assert await rec(b, sent.id) == settled
+    assert await rec(a, sent.id) == mine
+    if not kit.sqs:
+        assert settled.state == "succeeded" and settled.fencing_token == lease_b.fencing_token
+        # The next fencing token of the job's counter follows B's: A was handed none.
+        assert await a.lease_backend().acquire(key, "probe", 5000) == lease_b.fencing_token + 1
+        assert await a.lease_backend().release(key, "probe") is True
+    assert await a.keep_alive(d) is False
+    await assert_depth(kit, 0, 0, 0, 0)
+
+
+async def test_a_start_of_an_ended_job_takes_nothing_and_drops_its_delivery(
+    contract_broker: Contract,
+) -> None:
+    """The job's record has ended while a delivery of it is still pending to this consumer
+    (here a second copy of the job): its start is refused (``StaleStart`` with ``ended``),
+    takes nothing and leaves the record as it was; the leftover delivery is dropped unrun."""
+    kit = contract_broker
+    b = kit.broker
+    sent = job(61)
+    await b.publish([sent, sent])
+    first, second = await fetch_n(b, 2)
+    got, lease = await start(b, first)
+    assert await b.ack(first, got, lease, 0.0, Finish(keep_for=60, result="1")) is True
+    ended = await rec(b, sent.id)
+    assert ended.state == "succeeded"
+    key = b.job_lease_key(sent)
+    stale = Lease(b.job_lease_backend(sent, second), key, ttl=30)
+    with pytest.raises(StaleStart) as refused:
+        await stale.acquire()
+    assert refused.value.ended
+    assert stale.fencing_token == 0
+    assert await b.lease_backend().renew(key, stale.token, 5000) is False
+    assert await rec(b, sent.id) == ended
+    assert await b.keep_alive(second) is False  # dropped
+    await assert_depth(kit, 0, 0, 0, 0)
+    await assert_nothing_to_fetch(b)
+
+
 async def test_give_back_unstarted(contract_broker: Contract) -> None:
     kit = contract_broker
     b = kit.broker
@@ -640,7 +717,7 @@ STATE_KEYS = {
 async def start(b: Broker, d: Delivery, ttl: float = 30.0) -> tuple[aqw.Job, Lease]:
     """Take the job lease of ``d``'s job as the worker does (``job_lease_backend``)."""
     sent = decoded(d)
-    lease = Lease(b.job_lease_backend(sent), b.job_lease_key(sent), ttl=ttl)
+    lease = Lease(b.job_lease_backend(sent, d), b.job_lease_key(sent), ttl=ttl)
     await lease.acquire()
     return sent, lease
 
