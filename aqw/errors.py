@@ -77,6 +77,19 @@ class LeaseUnavailable(AqwError):
         self.waited = waited
 
 
+class StaleStart(AqwError):
+    """A job's start was refused, taking nothing, writing nothing and handing out no fencing
+    token: its delivery is no longer this consumer's (another took it over after a pause,
+    and may have run and settled it), or the job has already ended (``ended``: a leftover
+    delivery of a finished job, dropped unrun by the start itself). Nothing is to run."""
+
+    def __init__(self, job_id: str, *, ended: bool = False) -> None:
+        why = "the job has already ended" if ended else "its delivery is no longer ours"
+        super().__init__(f"job {job_id!r} not started: {why}")
+        self.job_id = job_id
+        self.ended = ended
+
+
 class FenceCorrupted(AqwError):
     """A fencing counter is damaged (not an integer) or exhausted (at 2^53 - 1, beyond which
     Lua counts inexactly): no lease on it can be taken, and nothing was written.

@@ -35,10 +35,13 @@ def ledger_key(queue: str) -> str:
     return f"aqw:{{{queue}}}:ledger"
 
 
-async def serve(app: aqw.App, ledger: Redis, *, concurrency: int, grace: float) -> None:
-    """Run one worker of ``app`` until SIGTERM (or SIGINT), then close ``app`` and ``ledger``."""
+async def serve(
+    app: aqw.App, ledger: Redis, *, concurrency: int, grace: float, **options: Any
+) -> None:
+    """Run one worker of ``app`` (with ``options``) until SIGTERM (or SIGINT), then close
+    ``app`` and ``ledger``."""
     try:
-        worker = app.worker(concurrency=concurrency, grace=grace, handle_signals=True)
+        worker = app.worker(concurrency=concurrency, grace=grace, handle_signals=True, **options)
         await worker.start()
         print(f"ready {os.getpid()} {worker.name}", flush=True)
         try:

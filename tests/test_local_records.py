@@ -1,6 +1,7 @@
 """``LocalJobRecords`` (aqw/brokers/local/records.py), the in-process job records of the memory
 and SQS brokers: their bound, their expiry, the callers waiting for a job to end, the
-running-job states read from them, and ``LocalStartGuard``, the job lease that starts a job.
+running-job states read from them, and ``LocalStartGuard`` (aqw/brokers/_local_start.py),
+the job lease that starts a job.
 
 Times are a fake clock where a test is about expiry (the module's ``time``, patched), and
 real, short, where asyncio has to wait."""

@@ -264,15 +264,18 @@ class Broker(abc.ABC):
         return f"aqw:{{{self.queue}}}:lock:{name}"
 
     @abc.abstractmethod
-    def job_lease_backend(self, job: Job, limits: Limits | None = None) -> LeaseBackend:
+    def job_lease_backend(
+        self, job: Job, limits: Limits | None = None, delivery: Delivery | None = None
+    ) -> LeaseBackend:
         """The backend of ``job``'s own lease: its ``acquire`` is the job's start step. In
         one atomic step it takes the lease (a fencing token greater than every one handed
-        out for the key before), marks the record running, and takes nothing when the
-        start is no longer this consumer's to make: ``aqw.JobCancelled`` when the job was
-        cancelled, None when another holder has the lease (or the delivery is no longer
-        this consumer's, or the record is final), ``aqw.RateLimited`` when ``limits`` (only
-        given when ``flow_limits`` is set) refuse it now. ``renew`` moves the record's lease
-        expiry on."""
+        out for the key before) and marks the record running. A start is only for a live
+        delivery: it takes nothing, and writes nothing, when another holder has the lease
+        (None), when ``delivery`` (the one being started) is no longer this consumer's, or
+        the job's record is final (``aqw.StaleStart``; a delivery of an ended job, still
+        ours, is dropped unrun), when the job was cancelled (``aqw.JobCancelled``), or when
+        ``limits`` (only given when ``flow_limits`` is set) refuse it now
+        (``aqw.RateLimited``). ``renew`` moves the record's lease expiry on."""
 
     # -- settling: each atomic with the release of the job's lease ---------------------------
 

@@ -26,15 +26,18 @@ from ._settle import Settler
 log = logging.getLogger("aqw.worker")
 
 
-def start_backend(broker: Broker, task: Task[Any], job: Job, payload: Any) -> LeaseBackend:
-    """The backend of ``job``'s lease, its start step: under its limits (the task's, and the
-    implicit cap of a debounced job, ``aqw.flow.debounce_cap``) when the broker enforces them
+def start_backend(
+    broker: Broker, task: Task[Any], job: Job, payload: Any, delivery: Delivery
+) -> LeaseBackend:
+    """The backend of ``job``'s lease, its start step, which starts ``delivery`` only while it
+    is still this consumer's: under its limits (the task's, and the implicit cap of a
+    debounced job, ``aqw.flow.debounce_cap``) when the broker enforces them
     (``broker.flow_limits``)."""
     if broker.flow_limits is not None:
         limits = task.options.flow.limits(task.name, payload, job)
         if limits:
-            return broker.job_lease_backend(job, limits)
-    return broker.job_lease_backend(job)
+            return broker.job_lease_backend(job, limits, delivery)
+    return broker.job_lease_backend(job, None, delivery)
 
 
 async def defer(

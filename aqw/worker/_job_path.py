@@ -27,6 +27,7 @@ from ..errors import (
     MalformedJob,
     PayloadTooLarge,
     RateLimited,
+    StaleStart,
     TooManyDeliveries,
     UnknownTask,
 )
@@ -69,7 +70,6 @@ class JobPath:
         stats: WorkerStats,
         window: SlidingStats,
         stopping: asyncio.Event,
-        min_ttl: float,
         spawn: Callable[[Awaitable[Any]], None],
     ) -> None:
         self.broker = broker
@@ -85,20 +85,19 @@ class JobPath:
         self.stats = stats
         self.window = window
         self.stopping = stopping
-        self.min_ttl = min_ttl
         self.spawn = spawn
         check_limits(broker, tasks)  # a limit the broker cannot hold: refused at start
         caps = [payload_limit(None), *(payload_limit(name) for name in tasks)]
         #: The largest message any task accepts: bigger ones are refused before parsing.
         self.receipt_cap = None if None in caps else max(c for c in caps if c is not None)
 
-    async def process(self, delivery: Delivery, waited: float = 0.0) -> None:
-        """Run one delivery to its settle. ``waited``: seconds it sat in the fetch buffer."""
+    async def process(self, delivery: Delivery) -> None:
+        """Run one delivery to its settle."""
         job: Job | None = None
         try:
             job = self.decode(delivery)
             if job is not None:
-                await self._run(delivery, job, waited)
+                await self._run(delivery, job)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -119,7 +118,7 @@ class JobPath:
             self.spawn(self.settler.dead_letter(delivery, None, exc))
             return None
 
-    async def _run(self, delivery: Delivery, job: Job, waited: float) -> None:
+    async def _run(self, delivery: Delivery, job: Job) -> None:
         task = self.tasks.get(job.task)
         refusal = self._refusal(delivery, job, task)
         if refusal is not None:
@@ -135,7 +134,7 @@ class JobPath:
             await self.settler.end_unrun(task, delivery, job, None, "expired")
             return
         lease = Lease(
-            start_backend(self.broker, task, job, payload),
+            start_backend(self.broker, task, job, payload, delivery),
             self.broker.job_lease_key(job),
             ttl=task.options.lease_ttl,
             keep_alive=partial(self._keep_alive, delivery, job.id),
@@ -152,7 +151,7 @@ class JobPath:
         error: BaseException | None = None
         try:
             try:
-                outcome = await self._run_leased(delivery, job, task, payload, lease, run, waited)
+                outcome = await self._run_leased(delivery, job, task, payload, lease, run)
             except asyncio.CancelledError:  # a shutdown: hand it back for immediate redelivery
                 jt.settled("requeue")
                 await self.settler.give_back(delivery, job)
@@ -209,15 +208,19 @@ class JobPath:
         payload: Any,
         lease: Lease,
         run: RunningJob,
-        waited: float,
     ) -> Outcome | None:
         """The handler's outcome under the job's lease; None when another holder has it."""
         jt = run.trace
         lease_started = now_ns() if self.tel.tracing else 0
         try:
-            taken = await self.take_lease(lease, delivery, waited)
+            taken = await self.take_lease(lease, delivery)
         except JobCancelled:  # cancelled before it started: end it, unrun
             await self.settler.end_unrun(task, delivery, job, None, "cancelled", jt)
+            return None
+        except StaleStart as stale:  # not ours any more, or ended: nothing to run or settle
+            self.stats.stale_starts += 1
+            jt.lease_refused(lease_started)
+            log.info("job %s (%s) attempt %d: %s", job.id, job.task, job.attempt, stale)
             return None
         except RateLimited as limited:  # a rate limit or per-key cap: wait, no attempt spent
             await defer(self.settler, delivery, job, None, limited, jt)
@@ -227,6 +230,9 @@ class JobPath:
                 self.stats.lease_busy += 1
                 jt.lease_refused(lease_started)
             return None
+        if lease.expires_in <= 0:  # paused past the lease while it was taken: run nothing
+            await lease.release()
+            raise LeaseLost(lease.key, "the lease expired before the job started")
         async with lease:
             jt.lease_acquired(lease, lease_started)
             self.running.add(run)
@@ -269,11 +275,13 @@ class JobPath:
         self.tel.observe("aqw.job.duration", elapsed, job.task)
         return outcome
 
-    async def take_lease(self, lease: Lease, delivery: Delivery, waited: float) -> bool | None:
+    async def take_lease(self, lease: Lease, delivery: Delivery) -> bool | None:
         """Acquire the job's lease: True when taken, False when another holder has the job.
-        A lost connection is retried with backoff (no attempt is spent; a retried acquire by
-        the same token takes the key again) until the lease's TTL, then the delivery is
-        handed back for immediate redelivery: None."""
+        The start itself checks, in the same step, that ``delivery`` is still this
+        consumer's and its job has not ended (``StaleStart`` otherwise, raised through: after
+        a pause another worker may have run it). A lost connection is retried with backoff
+        (no attempt is spent; a retried acquire by the same token takes the key again) until
+        the lease's TTL, then the delivery is handed back for immediate redelivery: None."""
         give_up = asyncio.get_running_loop().time() + lease.ttl
         backoff: Backoff | None = None  # made once a try fails: most jobs need none
         while True:
@@ -289,11 +297,6 @@ class JobPath:
                     return None
                 backoff = backoff or Backoff(0.05, 1.0)
                 await asyncio.sleep(backoff.next())
-        if waited > self.min_ttl / 2 and not await self.broker.keep_alive(delivery):
-            # It waited in the buffer long enough for another worker to take it over, and
-            # perhaps finish it: running it again would run it twice.
-            await lease.release()
-            return False
         return True
 
     async def _keep_alive(self, delivery: Delivery, job_id: str) -> bool:

@@ -58,9 +58,9 @@ def route(paths: Mapping[str, JobPath], queues: Sequence[str]) -> Runner:
     """Run each delivery on the job path of its queue (``paths`` is filled after this)."""
     if len(queues) == 1:
         only = queues[0]
-        return lambda delivery, waited: paths[only].process(delivery, waited)
+        return lambda delivery: paths[only].process(delivery)
     first = queues[0]
-    return lambda delivery, waited: paths[queue_of(delivery, first)].process(delivery, waited)
+    return lambda delivery: paths[queue_of(delivery, first)].process(delivery)
 
 
 async def depths_of(paths: Mapping[str, JobPath]) -> dict[str, QueueDepth]:

@@ -29,6 +29,7 @@ class WorkerStats:
     dead: int = 0
     lease_lost: int = 0
     lease_busy: int = 0
+    stale_starts: int = 0  # starts refused: the delivery was no longer ours, or had ended
     deferred: int = 0  # put off by a rate limit, a per-key cap or ``RateLimited``
     requeued: int = 0
     malformed: int = 0

@@ -16,8 +16,8 @@ from ..brokers.base import Broker, Delivery
 
 log = logging.getLogger("aqw.worker")
 
-#: Runs one delivery in a slot: ``(delivery, seconds it waited in the buffer)``.
-Runner = Callable[[Delivery, float], Coroutine[Any, Any, None]]
+#: Runs one delivery in a slot.
+Runner = Callable[[Delivery], Coroutine[Any, Any, None]]
 
 
 class Slots:
@@ -29,7 +29,7 @@ class Slots:
         self.jobs: dict[asyncio.Task[None], str] = {}  # job task -> its delivery id
         #: Jobs that finished running and are settling: a shutdown must not cancel them.
         self.settling: set[asyncio.Task[Any]] = set()
-        self._buffer: deque[tuple[Delivery, float]] = deque()  # (delivery, buffered at)
+        self._buffer: deque[Delivery] = deque()
         self._freed = asyncio.Event()
         self._on_done = self._done  # one bound method for every job task, not one each
 
@@ -50,15 +50,14 @@ class Slots:
     def offer(self, delivery: Delivery) -> None:
         """Start ``delivery`` in a free slot, or buffer it until one frees."""
         if self.free > 0:
-            self._start(delivery, 0.0)
+            self._start(delivery)
         else:
-            self._buffer.append((delivery, time.monotonic()))
+            self._buffer.append(delivery)
 
     def start_buffered(self) -> None:
         """Move buffered deliveries into the free slots."""
         while self.free > 0 and self._buffer:
-            delivery, since = self._buffer.popleft()
-            self._start(delivery, time.monotonic() - since)
+            self._start(self._buffer.popleft())
 
     async def wait_free(self) -> None:
         """Wait until a running job ends."""
@@ -68,7 +67,7 @@ class Slots:
     async def give_back_buffer(self, broker: Broker) -> None:
         """Hand every buffered delivery back to the broker (the worker is stopping)."""
         while self._buffer:
-            delivery, _ = self._buffer.popleft()
+            delivery = self._buffer.popleft()
             with contextlib.suppress(Exception):
                 await broker.give_back(delivery, None)
 
@@ -91,8 +90,8 @@ class Slots:
                 plural(len(pending), "job did", "jobs did"),
             )
 
-    def _start(self, delivery: Delivery, waited: float) -> None:
-        task = asyncio.get_running_loop().create_task(self._run(delivery, waited))
+    def _start(self, delivery: Delivery) -> None:
+        task = asyncio.get_running_loop().create_task(self._run(delivery))
         self.jobs[task] = delivery.id
         task.add_done_callback(self._on_done)
 

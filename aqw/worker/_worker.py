@@ -152,7 +152,6 @@ class Worker:
                 stats=self.stats,
                 window=self.window,
                 stopping=self._stop,
-                min_ttl=min(ttls),
                 spawn=self._spawn,
             )
         self.path = self.paths[self.queues[0]]

@@ -22,6 +22,7 @@ from pydantic import BaseModel
 import aqw
 from aqw.brokers import from_url
 from aqw.brokers.sqs import MAX_DELAY, SQSBroker
+from aqw.errors import StaleStart
 from tests._helpers import eventually, redis_url_db
 
 from .conftest import AppFactory, SQSKit, broker_of
@@ -201,6 +202,54 @@ async def test_retry_keeps_the_message_and_counts_receives(
 
 
 # -- leases: visibility -----------------------------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+async def test_a_pause_after_a_receive_cannot_make_a_start_look_safe(
+    sqs: SQSKit, new_app: AppFactory
+) -> None:
+    """A consumer paused after a receive's reply came in and before it was handled: its
+    message's visibility ran out meanwhile, and another consumer received, ran and deleted it.
+    The message counts as hidden from the receive's send, not from its handling, so the
+    start does not take it for safe: it sets the visibility with its receipt, SQS refuses
+    it, and the start is a ``StaleStart``, taking nothing. (moto refuses the receipt of a
+    deleted message, the case shown; it takes the stale receipt of a message received again
+    and still in flight, so that case cannot be shown here.)"""
+    url = await sqs.create("st", dead="st-dead")
+    a, b = (broker_of(new_app(sqs.url("st", dlq="st-dead", visibility=3))) for _ in "ab")
+    for name, broker in (("a", a), ("b", b)):
+        await broker.connect()
+        await broker.start_consuming(name)
+    sent = aqw.Job(task="work", payload=None)
+    await a.publish([sent])
+    real_call = a._connection.call
+    received = asyncio.Event()
+
+    async def paused(op: str, **params: Any) -> dict[str, Any]:
+        reply = await real_call(op, **params)
+        if op == "receive_message" and reply.get("Messages"):
+            received.set()
+            await asyncio.sleep(4.5)  # the pause: past the 3 s visibility and the takeover
+        return reply
+
+    a._connection.call = paused  # type: ignore[method-assign]
+    fetching = asyncio.ensure_future(a.fetch(1, block=1))
+    await asyncio.wait_for(received.wait(), 5)
+    again: list[Any] = []
+    deadline = time.monotonic() + 10
+    while not again and time.monotonic() < deadline:
+        again += await b.fetch(1, block=1)
+    [d2] = again
+    lease_b = aqw.Lease(b.job_lease_backend(sent, None, d2), b.job_lease_key(sent), ttl=5)
+    await lease_b.acquire()
+    assert await b.ack(d2, sent, lease_b) is True
+    [d] = await fetching
+    stale = aqw.Lease(a.job_lease_backend(sent, None, d), a.job_lease_key(sent), ttl=1.5)
+    with pytest.raises(StaleStart):
+        await stale.acquire()
+    assert stale.fencing_token == 0
+    assert await a.keep_alive(d) is False
+    assert await sqs.count(url) == 0
 
 
 @pytest.mark.timeout(40)

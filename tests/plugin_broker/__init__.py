@@ -25,6 +25,7 @@ from aqw.brokers.local import (
     LocalStartGuard,
     LocalWorkerStatus,
     MemoryLeaseBackend,
+    still_ours,
 )
 from aqw.brokers.messages import DeadJob, Delivery, Failure, Finish, QueueDepth
 from aqw.flow import Limits
@@ -167,8 +168,11 @@ class PlugBroker(Broker):
     def lease_backend(self) -> LeaseBackend:
         return self._q.leases
 
-    def job_lease_backend(self, job: Job, limits: Limits | None = None) -> LeaseBackend:
-        return LocalStartGuard(self._q.leases, self._q.records, job, self.consumer)
+    def job_lease_backend(
+        self, job: Job, limits: Limits | None = None, delivery: Delivery | None = None
+    ) -> LeaseBackend:
+        check = still_ours(self, delivery)  # a start only for a live delivery
+        return LocalStartGuard(self._q.leases, self._q.records, job, self.consumer, check)
 
     def _take(self, delivery: Delivery, lease: Lease | None) -> _Held | None:
         """The delivery, taken off the held ones, when it is still this consumer's: its

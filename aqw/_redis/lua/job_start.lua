@@ -1,7 +1,13 @@
 -- Start jobs: take each job's lease and mark its record running, in one step, unless the job
 -- was cancelled: before it started, or while an earlier attempt of it ran (its record has
 -- cancel = 1: a reclaimed or handed back delivery of it does not run again). Then nothing is
--- touched. The leases share one fencing counter (the queue's): SET key token NX PX ttl for
+-- touched. A start is only for a live delivery: when its stream entry is no longer pending to
+-- this consumer (in its level's stream: another consumer claimed it after this one paused,
+-- and may have run and settled it), or its record has ended (succeeded, failed, dead,
+-- expired), nothing is taken, written or counted and no fencing token is handed out; the
+-- entry of an ended job, still pending to this consumer, is dropped (XACK and XDEL: a
+-- leftover delivery, nothing is left to run). The leases share one fencing counter (the
+-- queue's): SET key token NX PX ttl for
 -- each, and each lease taken gets the next fencing token. A key this very token already holds
 -- (a retried call whose reply was lost) is taken again, with a new token: fencing tokens only
 -- have to grow, not to be consecutive.
@@ -31,22 +37,26 @@
 -- The running index (the list `aqw status` reads) is not written here: a job enters it once
 -- it has run a while (job_progress.lua), so short jobs cost nothing there.
 -- KEYS[1] fencing counter
--- ARGV[1] key prefix (aqw:{q}:), ARGV[2] worker, ARGV[3] record ttl in ms, ARGV[4] lease ttl
---   in ms, then per job: its head, "<m> <lease token> <attempt> <job id>" (one value, so a
---   job without limits passes one value: the client's cost of a call grows with the number
---   of values; the job id comes last and may hold spaces), where m is the count of limit
---   values that follow, then m values: rate bucket ('' for none), interval and burst
---   tolerance in microseconds, number of caps n, then n pairs (concurrency key, most holders)
+-- ARGV[1] key prefix (aqw:{q}:), ARGV[2] worker (the consumer), ARGV[3] record ttl in ms,
+--   ARGV[4] lease ttl in ms, ARGV[5] consumer group, then per job: its head,
+--   "<m> <lease token> <attempt> <level> <entry id> <job id>" (one value, so a job without
+--   limits passes one value: the client's cost of a call grows with the number of values;
+--   the job id comes last and may hold spaces), where level is the priority level of the
+--   stream the entry was read from and the entry id '-' when there is no delivery to check,
+--   m is the count of limit values that follow, then m values: rate bucket ('' for none),
+--   interval and burst tolerance in microseconds, number of caps n, then n pairs
+--   (concurrency key, most holders)
 -- The counter is read once and written once (INCRBY of the tokens handed out), and the fields
 -- of an earlier wait or run are deleted only when the record has one: per job, the work is
 -- the few commands the job's own keys need.
 -- Returns one reply per job: its fencing token, 0 when its lease is held by another token,
--- -1 when the job was cancelled, {'rate_limit', microseconds until its turn} or
+-- -1 when the job was cancelled, -2 when its entry is not pending to this consumer, -3 when
+-- its record has ended, {'rate_limit', microseconds until its turn} or
 -- {'concurrency', the holders' shortest remaining lease in ms (0: unknown)} when a limit
 -- refused it.
 local limit = 9007199254740991
 local n = 0
-local a = 5
+local a = 6
 while a <= #ARGV do
   n = n + 1
   a = a + 1 + tonumber(string.match(ARGV[a], '^%d+'))
@@ -65,7 +75,8 @@ if damage then
   local shown = string.gsub(KEYS[1] .. ' is damaged or exhausted: ' .. damage, '[%c\128-\255]', '?')
   return redis.error_reply('AQWFENCE fencing counter ' .. shown)
 end
-local prefix, worker, keep, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local prefix, worker, keep, ttl, group = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local final = {succeeded = true, failed = true, dead = true, expired = true}
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now = now_us / 1e6
@@ -98,14 +109,22 @@ local function expire_after(key, ms)
   end
 end
 
+-- True when entry `entry` of level `level`'s stream is pending to this consumer.
+local function pending(level, entry)
+  local stream = prefix .. (level == '0' and 'stream' or 'stream:p' .. level)
+  local p = redis.pcall('XPENDING', stream, group, entry, entry, 1, worker)
+  return p.err == nil and #p > 0, stream
+end
+
 local fenced = tonumber(value) or 0  -- the last token handed out
 -- Run as one protected call: whatever error stops it midway, the tokens of the leases it
 -- took are counted before the error is returned, so no token is ever handed out twice.
 local out = {}
 local function start_all()
-  a = 5
+  a = 6
   while a <= #ARGV do
-    local m, token, attempt, job = string.match(ARGV[a], '^(%d+) (%S+) (%d+) (.*)$')
+    local m, token, attempt, level, entry, job =
+      string.match(ARGV[a], '^(%d+) (%S+) (%d+) (%d+) (%S+) (.*)$')
     local bucket, interval, tolerance, ncaps, caps = '', 0, 0, 0, a + 1
     if m ~= '0' then
       bucket, interval, tolerance = ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
@@ -113,11 +132,25 @@ local function start_all()
     end
     a = a + 1 + tonumber(m)
     local lease, rec = prefix .. 'lease:' .. job, prefix .. 'job:' .. job
-    local cur = redis.pcall('HMGET', rec, 'state', 'cancel', 'progress', 'message', 'run_at')
+    local live, stream = true, nil
+    if entry ~= '-' then
+      live, stream = pending(level, entry)
+    end
+    local cur = live and redis.pcall('HMGET', rec, 'state', 'cancel', 'progress', 'message',
+      'run_at') or {}
     local damaged = cur.err ~= nil
     local cancelled = not damaged and (cur[1] == 'cancelled' or cur[2] == '1')
+    local ended = live and not damaged and not cancelled and final[cur[1]] == true
     local held, taken = false, false
-    if not cancelled and m == '0' then  -- no limit to check first: take a free lease now
+    if not live then
+      out[#out + 1] = -2
+    elseif ended then
+      if stream then  -- a leftover delivery of an ended job: nothing is left to run
+        redis.call('XACK', stream, group, entry)
+        redis.call('XDEL', stream, entry)
+      end
+      out[#out + 1] = -3
+    elseif not cancelled and m == '0' then  -- no limit to check first: take a free lease now
       taken = redis.call('SET', lease, token, 'NX', 'PX', ttl) ~= false
       if not taken then  -- held: by whom (SET NX GET would need Redis 7)
         held = redis.call('GET', lease)
@@ -126,7 +159,9 @@ local function start_all()
       held = redis.call('GET', lease)
     end
     local refused = nil
-    if cancelled then
+    if not live or ended then
+      -- refused above: nothing taken or written
+    elseif cancelled then
       out[#out + 1] = -1
     elseif held and held ~= token then
       out[#out + 1] = 0

@@ -12,7 +12,7 @@ from .limits import LocalLimiter
 from .marks import LocalScheduleMarks
 from .priorities import LevelFifos, ShareCredit, level_of
 from .records import LocalJobRecords
-from .start import LimitedStart, LocalStartGuard
+from .start import LimitedStart, LocalStartGuard, still_ours
 from .status import LocalWorkerStatus
 
 __all__ = [
@@ -28,4 +28,5 @@ __all__ = [
     "MemoryLeaseBackend",
     "ShareCredit",
     "level_of",
+    "still_ours",
 ]

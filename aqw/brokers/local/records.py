@@ -177,6 +177,12 @@ class LocalJobRecords:
             fields.get("state") == "cancelled" or fields.get("cancel") == "1"
         )
 
+    def has_ended(self, job_id: str) -> bool:
+        """True when the job's record reads a final state (succeeded, failed, dead,
+        cancelled, expired): nothing of it is left to run."""
+        fields = self._get(job_id)
+        return fields is not None and fields.get("state") in FINAL_STATES
+
     def started(
         self,
         job: Job,

@@ -14,7 +14,7 @@ from ...flow import Limits, completion_key
 from ...job import Job
 from ...lease import Lease, LeaseBackend
 from ..base import Broker
-from ..local import LimitedStart, LocalStartGuard, ShareCredit
+from ..local import LimitedStart, LocalStartGuard, ShareCredit, still_ours
 from ..local import MemoryLeaseBackend as MemoryLeaseBackend  # re-exported
 from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth
 from ..parts import StartLimits
@@ -168,9 +168,11 @@ class MemoryBroker(Broker):
     def lease_backend(self) -> LeaseBackend:
         return self._q.leases
 
-    def job_lease_backend(self, job: Job, limits: Limits | None = None) -> LeaseBackend:
+    def job_lease_backend(
+        self, job: Job, limits: Limits | None = None, delivery: Delivery | None = None
+    ) -> LeaseBackend:
         q = self._q
-        start = LocalStartGuard(q.leases, q.records, job, self.consumer)
+        start = LocalStartGuard(q.leases, q.records, job, self.consumer, still_ours(self, delivery))
         return start if limits is None else LimitedStart(start, q.limiter, limits, q.leases.owner)
 
     async def keep_alive(self, delivery: Delivery) -> bool:

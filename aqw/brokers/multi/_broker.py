@@ -299,8 +299,12 @@ class MultiBroker(Broker):
     async def is_completed(self, job: Job) -> bool:
         return await self.home.is_completed(job)
 
-    def job_lease_backend(self, job: Job, limits: Limits | None = None) -> LeaseBackend:
-        return self.home.job_lease_backend(job, limits)
+    def job_lease_backend(
+        self, job: Job, limits: Limits | None = None, delivery: Delivery | None = None
+    ) -> LeaseBackend:
+        """Checked where the delivery is held: its own queue's broker (else the home's)."""
+        starting = self.home if delivery is None else self.broker_of(delivery)
+        return starting.job_lease_backend(job, limits, delivery)
 
     # -- inspection: every queue; the dead-letter queue: the home queue's (``aqw dlq --queue Q``)
 

@@ -225,8 +225,13 @@ class RedisBroker(Broker):
     def lock_key(self, name: str) -> str:
         return self.keys.lock(name)
 
-    def job_lease_backend(self, job: Job, limits: Limits | None = None) -> LeaseBackend:
-        return RedisJobLease(self.jobs, job, self.consumer, limits)
+    def job_lease_backend(
+        self, job: Job, limits: Limits | None = None, delivery: Delivery | None = None
+    ) -> LeaseBackend:
+        """Started as the consumer ``delivery`` was read as (workers sharing this broker
+        each read as their own), its entry pending to that consumer (``job_start.lua``)."""
+        holder = self.consumer if delivery is None else self._holder(delivery)
+        return RedisJobLease(self.jobs, job, holder, limits, delivery)
 
     # -- settling: one script each (``_settle.py``), handed to the base's steps as it is ----
 

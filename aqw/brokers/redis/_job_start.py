@@ -8,12 +8,14 @@ import random
 import time
 from typing import Any
 
+from ..._redis.keys import GROUP
 from ..._redis.lease import RedisLeaseBackend
 from ..._redis.scripts import ms
-from ...errors import FenceCorrupted, JobCancelled, RateLimited
+from ...errors import FenceCorrupted, JobCancelled, RateLimited, StaleStart
 from ...flow import Limits, cap_wait, rate_wait
 from ...job import Job
 from ...record import UNFINISHED_KEEP
+from ..messages import Delivery
 from ._jobs import RedisJobs
 
 
@@ -28,7 +30,7 @@ def _limit_args(limits: Limits) -> tuple[Any, ...]:
 @functools.lru_cache(maxsize=64)
 def _start_head(prefix: str, worker: str, ttl_ms: int) -> tuple[Any, ...]:
     """``job_start.lua``'s shared ARGV: the same for every job a worker starts with a TTL."""
-    return (prefix, worker, ms(UNFINISHED_KEEP), ttl_ms)
+    return (prefix, worker, ms(UNFINISHED_KEEP), ttl_ms, GROUP)
 
 
 def refusal(reply: Any) -> RateLimited | None:
@@ -44,19 +46,30 @@ def refusal(reply: Any) -> RateLimited | None:
 class RedisJobLease:
     """A job's lease backend (``RedisBroker.job_lease_backend``): ``acquire`` runs
     ``job_start.lua``, which takes the lease and marks the record running in one step,
-    refuses a cancelled job (``JobCancelled``, taking nothing) and, with ``limits``, a job
-    over its rate limit or per-key cap (``aqw.RateLimited``, taking nothing); ``renew``
-    (``job_renew.lua``) also moves the record's lease expiry on and keeps the job's cap sets
-    alive; ``release`` is the plain one."""
+    refuses a cancelled job (``JobCancelled``, taking nothing), a stale start
+    (``StaleStart``, taking nothing: ``delivery`` is no longer pending to this consumer in
+    its level's stream, or the job's record has ended, its delivery then dropped) and, with
+    ``limits``, a job over its rate limit or per-key cap (``aqw.RateLimited``, taking
+    nothing); ``renew`` (``job_renew.lua``) also moves the record's lease expiry on and
+    keeps the job's cap sets alive; ``release`` is the plain one."""
 
-    __slots__ = ("_fence", "_job", "_jobs", "_limits", "_worker")
+    __slots__ = ("_entry", "_fence", "_job", "_jobs", "_limits", "_worker")
 
-    def __init__(self, jobs: RedisJobs, job: Job, worker: str, limits: Limits | None) -> None:
+    def __init__(
+        self,
+        jobs: RedisJobs,
+        job: Job,
+        worker: str,
+        limits: Limits | None,
+        delivery: Delivery | None = None,
+    ) -> None:
         self._jobs = jobs
         self._job = job
         self._worker = worker
         self._limits = limits or None
         self._fence = ""  # the fencing token of the lease taken, once taken
+        #: "<level> <entry id>" of the delivery started ("0 -": none to check)
+        self._entry = "0 -" if delivery is None else f"{delivery.level} {delivery.id}"
 
     async def acquire(self, key: str, token: str, ttl_ms: int) -> int | None:
         jobs, job, limits = self._jobs, self._job, self._limits
@@ -67,7 +80,7 @@ class RedisJobLease:
                 (jobs.keys.fence,),
                 _start_head(jobs.prefix, self._worker, ttl_ms),
                 (),
-                (f"{len(values)} {token} {job.attempt} {job.id}", *values),
+                (f"{len(values)} {token} {job.attempt} {self._entry} {job.id}", *values),
             )
         except Exception as exc:  # redis-py's ResponseError carries the script's error
             message = str(exc)
@@ -78,8 +91,10 @@ class RedisJobLease:
         refused = refusal(fence)
         if refused is not None:
             raise refused
-        if int(fence) == -1:
-            raise JobCancelled(job.id)
+        if int(fence) < 0:
+            if int(fence) == -1:
+                raise JobCancelled(job.id)
+            raise StaleStart(job.id, ended=int(fence) == -3)
         if int(fence) > 0:
             self._fence = str(int(fence))
         return int(fence) or None

@@ -121,8 +121,7 @@ class PartitionedBroker(Broker):
         return named(new_job_id(), p)
 
     def partition_of(self, job: Job) -> int:
-        """The partition ``job`` lives in: the one its id names, else the one its
-        idempotency key (else its id) hashes to."""
+        """Its id's partition, else the one its idempotency key (else its id) hashes to."""
         p = split_name(job.id, self.partitions)[1]
         return p if p is not None else partition_of_route(job.key or job.id, self.partitions)
 
@@ -131,11 +130,10 @@ class PartitionedBroker(Broker):
         return self.parts[self.partition_of(job)]
 
     def _unwrap(self, delivery: Delivery) -> tuple[int, Delivery]:
-        """(its partition, ``delivery`` as that partition made it: with its own entry id)."""
+        """(its partition, ``delivery`` as that partition made it: with its own entry id);
+        one not of ours goes to partition 0, which refuses what it does not hold."""
         base, p = split_name(delivery.id, self.partitions)
-        if p is None:  # not one of ours: partition 0 refuses what it does not hold
-            return 0, delivery
-        return p, dataclasses.replace(delivery, id=base)
+        return (0, delivery) if p is None else (p, dataclasses.replace(delivery, id=base))
 
     def _by_job(self, jobs: Iterable[Job]) -> dict[int, list[Job]]:
         out: dict[int, list[Job]] = {}
@@ -278,8 +276,11 @@ class PartitionedBroker(Broker):
     async def is_completed(self, job: Job) -> bool:
         return await self.part_of(job).is_completed(job)
 
-    def job_lease_backend(self, job: Job, limits: Limits | None = None) -> LeaseBackend:
-        return self.part_of(job).job_lease_backend(job, limits)
+    def job_lease_backend(
+        self, job: Job, limits: Limits | None = None, delivery: Delivery | None = None
+    ) -> LeaseBackend:
+        own = None if delivery is None else self._unwrap(delivery)[1]
+        return self.part_of(job).job_lease_backend(job, limits, own)
 
     # -- inspection: summed or merged over the partitions -------------------------------
 

@@ -15,7 +15,13 @@ from ...flow import Limits
 from ...job import Job
 from ...lease import Lease, LeaseBackend
 from ..base import Broker
-from ..local import LocalJobRecords, LocalScheduleMarks, LocalStartGuard, LocalWorkerStatus
+from ..local import (
+    LocalJobRecords,
+    LocalScheduleMarks,
+    LocalStartGuard,
+    LocalWorkerStatus,
+    still_ours,
+)
 from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth
 from ._batching import Batcher
 from ._connection import Connection
@@ -293,10 +299,14 @@ class SQSBroker(Broker):
     async def keep_alive(self, delivery: Delivery) -> bool:
         return delivery.id in self._held
 
-    def job_lease_backend(self, job: Job, limits: Limits | None = None) -> LeaseBackend:
+    def job_lease_backend(
+        self, job: Job, limits: Limits | None = None, delivery: Delivery | None = None
+    ) -> LeaseBackend:
         """The message's visibility (``VisibilityLeases``), the record marked running in this
-        process; ``limits`` are never given (no ``flow_limits``: the worker refuses them)."""
-        return LocalStartGuard(self._leases, self._records, job, self.consumer)
+        process, only while ``delivery`` is held here; ``limits`` are never given (no
+        ``flow_limits``: the worker refuses them)."""
+        check = still_ours(self, delivery)
+        return LocalStartGuard(self._leases, self._records, job, self.consumer, check)
 
     # -- settling (the records move with the base's steps) ---------------------------------
 

@@ -29,6 +29,9 @@ from ._queues import Queues
 
 log = logging.getLogger("aqw.sqs")
 
+#: A received message and the monotonic time its receive call was sent.
+Received = tuple[float, dict[str, Any]]
+
 
 class Consumer:
     """SQSBroker's ``fetch``: received messages go into ``held``. ``wait`` (long-poll seconds)
@@ -70,7 +73,7 @@ class Consumer:
         wait = self.wait if self.wait is not None else max(0, min(MAX_WAIT, round(block)))
         per_call = 1 if self._queues.fifo else MAX_BATCH
         first = min(count, per_call)
-        messages: list[dict[str, Any]] = []
+        messages: list[Received] = []
         if self._hot:
             messages = await self._receive_many(count, per_call, 0)
         if not messages:
@@ -80,8 +83,8 @@ class Consumer:
         self._hot = len(messages) >= first
         out: list[Delivery] = []
         postponed: list[Coroutine[Any, Any, None]] = []
-        for msg in messages:
-            delivery = self._delivery(msg, postponed)
+        for sent, msg in messages:
+            delivery = self._delivery(msg, sent, postponed)
             if delivery is not None:
                 out.append(delivery)
         if postponed:
@@ -90,7 +93,7 @@ class Consumer:
                     log.warning("could not postpone a not-yet-due message: %r", result)
         return out
 
-    async def _receive_many(self, n: int, per_call: int, wait: int) -> list[dict[str, Any]]:
+    async def _receive_many(self, n: int, per_call: int, wait: int) -> list[Received]:
         sizes: list[int] = []
         while n > 0 and len(sizes) < self.pollers:
             sizes.append(min(per_call, n))
@@ -103,7 +106,7 @@ class Consumer:
         except asyncio.CancelledError:
             self._connection.spawn(self._give_back_received(gathered))
             raise
-        messages: list[dict[str, Any]] = []
+        messages: list[Received] = []
         errors: list[BaseException] = []
         for result in results:
             if isinstance(result, BaseException):
@@ -116,7 +119,8 @@ class Consumer:
             log.warning("%d of %d receive calls failed: %r", len(errors), len(sizes), errors[0])
         return messages
 
-    async def _receive(self, size: int, wait: int) -> list[dict[str, Any]]:
+    async def _receive(self, size: int, wait: int) -> list[Received]:
+        """The messages of one receive, each with the call's send time (``Received``)."""
         params: dict[str, Any] = {
             "QueueUrl": self._queues.url,
             "MaxNumberOfMessages": size,
@@ -127,14 +131,15 @@ class Consumer:
         visibility = self._receive_visibility()
         if visibility is not None:
             params["VisibilityTimeout"] = visibility
+        sent = time.monotonic()
         reply = await self._connection.call("receive_message", **params)
-        return list(reply.get("Messages", []))
+        return [(sent, msg) for msg in reply.get("Messages", [])]
 
     async def _give_back_received(self, gathered: asyncio.Future[list[Any]]) -> None:
         """A fetch was cancelled mid-poll: hand back what the poll still brings, at once."""
         with contextlib.suppress(Exception):
             results = await gathered
-            receipts = [m["ReceiptHandle"] for r in results if isinstance(r, list) for m in r]
+            receipts = [m["ReceiptHandle"] for r in results if isinstance(r, list) for _, m in r]
             url = self._queues.url
             await asyncio.gather(
                 *(self._connection.set_visibility(r, 0, url) for r in receipts),
@@ -142,7 +147,7 @@ class Consumer:
             )
 
     def _delivery(
-        self, msg: dict[str, Any], postponed: list[Coroutine[Any, Any, None]]
+        self, msg: dict[str, Any], sent: float, postponed: list[Coroutine[Any, Any, None]]
     ) -> Delivery | None:
         attrs = string_attributes(msg)
         system = msg.get("Attributes", {})
@@ -160,7 +165,9 @@ class Consumer:
         if visibility is None:
             visibility = self._queues.visibility_timeout
         key = self._held.lease_key(job_id) if job_id else None
-        held = Held(str(msg["ReceiptHandle"]), key, count, now, now + visibility)
+        # Hidden until at least the receive's send plus its visibility: timed at the reply,
+        # a pause between the two would make the message look hidden for longer than it is.
+        held = Held(str(msg["ReceiptHandle"]), key, count, now, sent + visibility)
         self._held.add(mid, held)
         return Delivery(
             id=mid, data=data, delivery_count=count, receipt=held.receipt, attributes=attrs

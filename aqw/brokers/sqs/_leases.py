@@ -9,6 +9,7 @@ import time
 
 from ..._redis.client import make_client
 from ..._redis.lease import RedisLeaseBackend
+from ...errors import StaleStart
 from ...lease import Lease, LeaseBackend
 from ..local import MemoryLeaseBackend
 from ._connection import Connection
@@ -62,12 +63,24 @@ class VisibilityLeases:
         self._locks = locks
 
     async def acquire(self, key: str, token: str, ttl_ms: int) -> int | None:
+        """A job's start: unless the message is surely hidden for a good part of the lease
+        still (``visible_until`` counts from the receive's send: a pause after it cannot make
+        it look longer), its visibility is first set to the lease with the receipt held for
+        it; another consumer may have received, run and deleted the message meanwhile, and a
+        receipt SQS refuses raises ``StaleStart``, taking nothing. (moto refuses the receipt
+        of a deleted message, but takes the stale receipt of a message received again.)"""
         if not self._held.is_job_key(key):
             return await self._locks.locks.acquire(key, token, ttl_ms)
         found = self._held.of_job(key)
         if found is None or found[1].token not in (None, token):
             return None
         mid, held = found
+        ttl = visibility_seconds(ttl_ms)
+        if held.visible_until - time.monotonic() < ttl / 3 + 1.0 and not await self._extend(
+            held, ttl
+        ):
+            self._held.forget(mid)
+            raise StaleStart(key.removeprefix(self._held.lease_prefix))
         fence: int | None = held.count
         store = self._locks.shared
         if store is not None:
@@ -75,14 +88,6 @@ class VisibilityLeases:
             if fence is None:
                 return None
         held.token = token
-        ttl = visibility_seconds(ttl_ms)
-        if held.visible_until - time.monotonic() < ttl / 3 + 1.0 and not await self._extend(
-            held, ttl
-        ):
-            self._held.forget(mid)
-            if self._locks.shared is not None:
-                await self._locks.shared.release(key, token)
-            return None
         return fence
 
     async def renew(self, key: str, token: str, ttl_ms: int) -> bool:

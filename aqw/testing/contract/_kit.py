@@ -197,9 +197,9 @@ def failure(**changes: Any) -> Failure:
 
 
 async def start(b: Broker, d: Delivery, ttl: float = 30.0) -> tuple[Job, Lease]:
-    """Take the job lease of ``d``'s job as the worker does: the start step."""
+    """Take the job lease of ``d``'s job as the worker does: the start step of ``d``."""
     sent = decoded(d)
-    lease = Lease(b.job_lease_backend(sent), b.job_lease_key(sent), ttl=ttl)
+    lease = Lease(b.job_lease_backend(sent, None, d), b.job_lease_key(sent), ttl=ttl)
     await lease.acquire()
     return sent, lease
 

@@ -1,6 +1,7 @@
 """The transport's leases (``Broker.lease_backend``, ``job_lease_backend``): fencing tokens
-that grow, refusals, expiry; the start step; and the recovery of abandoned deliveries
-(``reclaim``, a held lease, ``give_back_unstarted``)."""
+that grow, refusals, expiry; the start step, only for a live delivery (nothing taken after
+a takeover, nor for an ended job); and the recovery of abandoned deliveries (``reclaim``, a
+held lease, ``give_back_unstarted``)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,23 @@ import asyncio
 
 import pytest
 
-from ...errors import JobCancelled
+from ...brokers.messages import Finish
+from ...errors import JobCancelled, StaleStart
+from ...flow import Limits
 from ...job import Job
-from ._kit import ContractBase, Kit, assert_depth, decoded, fetch_n, fetch_one, job, rec
+from ...lease import Lease
+from ._kit import (
+    ContractBase,
+    Kit,
+    assert_depth,
+    decoded,
+    fetch_n,
+    fetch_one,
+    job,
+    nothing_to_fetch,
+    rec,
+    start,
+)
 
 
 class LeaseContract(ContractBase):
@@ -92,6 +107,78 @@ class LeaseContract(ContractBase):
         assert (await rec(b, skip.id)).started_at is None
         assert await b.ack(by_id[run.id], run, None) is True
         assert await b.ack(by_id[skip.id], skip, None) is True
+
+    # -- a start is only for a live delivery -------------------------------------------------
+
+    async def test_a_start_after_a_takeover_and_settle_takes_nothing(self, kit: Kit) -> None:
+        """Consumer A fetches and pauses past its lease; B takes the delivery over (reclaim,
+        or a visibility lease that ran out), runs and acknowledges it; then A's start is
+        refused (``StaleStart``), in the same step as the lease it would take: no lease key,
+        no fencing token handed out, the record as B's settle left it (records kept by each
+        broker object: A's reads as A left it). Under its limits too, refused before them."""
+        a = await kit.consumer("a", visibility=1)  # a 1 s visibility on receive
+        b = await kit.consumer("b")
+        sent = job(60)
+        await a.publish([sent])
+        d = await fetch_one(kit, a)
+        if kit.traits.visibility_lease:
+            again = await fetch_one(kit, b, within=6)
+        else:
+            await asyncio.sleep(0.1)
+            [again] = await b.reclaim(10, lambda _: 0.05, 0.05)
+        got, lease_b = await start(b, again)
+        assert await b.ack(again, got, lease_b, 0.0, Finish(keep_for=60)) is True
+        settled = await rec(b, sent.id)
+        mine = await rec(a, sent.id)
+
+        key = a.job_lease_key(sent)
+        backends = [a.job_lease_backend(sent, None, d)]
+        if a.flow_limits is not None:
+            limits = Limits("b", 10**9, 0, (("k", 1),))
+            backends.append(a.job_lease_backend(sent, limits, d))
+        for backend in backends:
+            stale = Lease(backend, key, ttl=30)
+            with pytest.raises(StaleStart) as refused:
+                await stale.acquire()
+            assert refused.value.job_id == sent.id and not refused.value.ended
+            assert stale.fencing_token == 0
+            assert await a.lease_backend().renew(key, stale.token, 5000) is False  # none taken
+        assert await rec(b, sent.id) == settled
+        assert await rec(a, sent.id) == mine
+        if not kit.traits.visibility_lease:
+            assert settled.state == "succeeded" and settled.fencing_token == lease_b.fencing_token
+            # The next fencing token of the job's counter follows B's: A was handed none.
+            assert await a.lease_backend().acquire(key, "probe", 5000) == lease_b.fencing_token + 1
+            assert await a.lease_backend().release(key, "probe") is True
+        assert await a.keep_alive(d) is False
+        await assert_depth(kit, 0, 0, 0, 0)
+
+    async def test_a_start_of_an_ended_job_takes_nothing_and_drops_its_delivery(
+        self, kit: Kit
+    ) -> None:
+        """The job's record has ended while a delivery of it is still pending to this
+        consumer (here a second copy of the job): its start is refused (``StaleStart`` with
+        ``ended``), takes nothing and leaves the record as it was; the leftover delivery is
+        dropped unrun."""
+        b = kit.broker
+        sent = job(61)
+        await b.publish([sent, sent])
+        first, second = await fetch_n(kit, b, 2)
+        got, lease = await start(b, first)
+        assert await b.ack(first, got, lease, 0.0, Finish(keep_for=60, result="1")) is True
+        ended = await rec(b, sent.id)
+        assert ended.state == "succeeded"
+        key = b.job_lease_key(sent)
+        stale = Lease(b.job_lease_backend(sent, None, second), key, ttl=30)
+        with pytest.raises(StaleStart) as refused:
+            await stale.acquire()
+        assert refused.value.ended
+        assert stale.fencing_token == 0
+        assert await b.lease_backend().renew(key, stale.token, 5000) is False
+        assert await rec(b, sent.id) == ended
+        assert await b.keep_alive(second) is False  # dropped
+        await assert_depth(kit, 0, 0, 0, 0)
+        await nothing_to_fetch(b)
 
     # -- recovery of abandoned deliveries ----------------------------------------------------
 
