@@ -7,11 +7,10 @@ graceful shutdown.
 
 from ._redis.lease import RedisLeaseBackend
 from ._version import __version__
-from .app import App
+from .app import App, DeadLetters, Jobs
 from .brokers.base import Broker, DeadJob, QueueDepth
 from .cache import Cache, CacheEntry
 from .context import Context
-from .dlq import DeadLetters
 from .errors import (
     AqwError,
     BrokerUnavailable,
@@ -35,11 +34,10 @@ from .errors import (
 )
 from .idempotency import SqlCompletionStore
 from .job import Job
-from .jobs import Jobs
 from .lease import Lease, LeaseBackend, LeaseKeeper
+from .lease.redlock import RedlockBackend
 from .monitor import Alert, CallbackSink, LogSink, Monitor, Sink, WebhookSink
 from .record import JobError, JobInfo
-from .redlock import RedlockBackend
 from .retry import RetryPolicy
 from .schedule import Cron, Every, Schedule
 from .task import Enqueued, Task

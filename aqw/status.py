@@ -28,12 +28,9 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from ._damage import shown, split_heartbeats, to_float, to_int
-from ._redis.lease import RedisLeaseBackend
+from ._readback import split_heartbeats, to_float, to_int
 from ._text import printable
 from .brokers.base import Broker
-from .brokers.partitioned import PartitionedBroker
-from .brokers.redis import RedisBroker
 from .monitor import format_age as _age
 from .monitor import is_monitor_heartbeat
 from .record import JobInfo
@@ -47,14 +44,15 @@ EVENTS = ("processed", "failed", "retried", "dead", "skipped")
 async def gather_status(app_or_broker: App | Broker) -> dict[str, Any]:
     """Everything ``aqw status`` shows, as a JSON-able dict.
 
-    Nothing read back is trusted (``aqw._damage``): a heartbeat that is not JSON or not of
+    Nothing read back is trusted (``aqw._readback``): a heartbeat that is not JSON or not of
     the shape workers publish is left out of every sum and named in ``problems``, as are a
     damaged fencing counter and stats counters that are not integers (Redis)."""
     broker = app_or_broker if isinstance(app_or_broker, Broker) else app_or_broker.broker
     depth = await broker.depth()
-    beats, problems = split_heartbeats(await broker.heartbeats())
+    beats, problems = split_heartbeats(await broker.status.heartbeats())
     stats = await broker.stats()
-    problems += await _redis_problems(broker)
+    if broker.server is not None:  # damage in the queue's own keys (Redis)
+        problems += await broker.server.problems()
     workers = [b for b in beats if not is_monitor_heartbeat(b)]
     monitors = sorted(
         (b for b in beats if is_monitor_heartbeat(b)), key=lambda b: to_float(b.get("at"), 0.0)
@@ -88,54 +86,21 @@ async def gather_status(app_or_broker: App | Broker) -> dict[str, Any]:
         else {"name": monitor.get("monitor"), "at": monitor.get("at")},
         "counters": stats,
         "problems": problems,
+        "heartbeats_local": _local_heartbeats(broker, bool(workers)),
+        "in_process": broker.in_process,
     }
 
 
-async def _redis_problems(broker: Broker) -> list[str]:
-    """Damage in a Redis queue's own keys: a fencing counter that would make every job lease
-    fail (``aqw.errors.FenceCorrupted``), and stats fields that are not integers (in each
-    partition of a partitioned queue)."""
-    if isinstance(broker, PartitionedBroker):
-        return [problem for part in broker.parts for problem in await _redis_problems(part)]
-    if not isinstance(broker, RedisBroker):
-        return []
-    out: list[str] = []
-    fence = broker.keys.fence
-    if await _key_type(broker, fence) not in ("string", "none"):
-        why: str | None = "not a string"
-    else:
-        why = RedisLeaseBackend.fence_damage(await broker.client.get(fence))
-    if why is not None:
-        out.append(
-            f"fencing counter {fence} is damaged: {why}; no job lease can be taken until "
-            f"it is SET to an integer above every fencing token handed out "
-            f"(below {RedisLeaseBackend.FENCE_LIMIT})"
-        )
-    if await _key_type(broker, broker.keys.stats) not in ("hash", "none"):
-        out.append(f"the stats key {broker.keys.stats} is not a hash")
-        return out
-    cursor: Any = 0
-    seen = 0
-    while True:
-        reply: Any = await broker.client.hscan(broker.keys.stats, cursor, count=1000)
-        cursor, fields = reply
-        for name, value in fields.items():
-            if to_int(value, None) is None:
-                out.append(
-                    f"damaged counter {shown(name)} in {broker.keys.stats}: "
-                    f"{shown(value)} is not an integer"
-                )
-        seen += len(fields)
-        if not int(cursor) or seen >= 1000 or len(out) >= 20:
-            break
-    return out
-
-
-async def _key_type(broker: RedisBroker, key: str) -> str:
-    """The Redis type of ``key`` (``none`` when it does not exist), read with TYPE rather
-    than by catching WRONGTYPE: only the Redis plumbing imports redis."""
-    kind: Any = await broker.client.type(key)
-    return kind.decode() if isinstance(kind, bytes) else str(kind)
+def _local_heartbeats(broker: Broker, seen: bool) -> str | None:
+    """One line saying that the workers' heartbeats are kept in each worker's process (the
+    broker's ``status`` part is not shared, and its queue is not this process's), when none
+    is seen here; None otherwise."""
+    if broker.status.shared or broker.in_process or seen:
+        return None
+    return (
+        f"the {broker.system} broker keeps worker heartbeats in each worker's process: "
+        "another process cannot list its workers"
+    )
 
 
 def _sum_window(workers: list[dict[str, Any]], window: str) -> dict[str, Any]:
@@ -228,10 +193,14 @@ def render(status: dict[str, Any]) -> str:
         [[str(d["waiting"]), str(d["in_flight"]), str(d["delayed"]), str(d["dead"])]],
     )
     workers = status["workers"]
+    local = status.get("heartbeats_local")
     out += [
         "",
-        f"workers {len(workers)}   concurrency {status['concurrency']}   "
-        f"running {status['in_flight']}   leases {status['leases']}",
+        f"workers: {_p(local)}"
+        if local
+        else f"workers {len(workers)}   concurrency {status['concurrency']}   "
+        f"running {status['in_flight']}   leases {status['leases']}"
+        + ("   (in-process only)" if status.get("in_process") else ""),
     ]
     if workers:
         rows = [

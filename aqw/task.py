@@ -13,9 +13,9 @@ from pydantic import BaseModel, ValidationError
 
 from ._codecs import PayloadCodec, ResultCodec
 from ._text import error_line
-from .brokers._flow import NO_FLOW, FlowControl
 from .context import Context
 from .errors import ConfigError
+from .flow import NO_FLOW, FlowControl
 from .record import DEFAULT_KEEP_FOR
 from .retry import RetryPolicy
 from .schedule import Schedule

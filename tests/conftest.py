@@ -29,8 +29,7 @@ from redis.asyncio import Redis
 
 import aqw
 from aqw.brokers.memory import MemoryBroker, reset_memory_queues
-from aqw.brokers.partitioned import PartitionedBroker
-from aqw.brokers.redis import RedisBroker
+from aqw.brokers.redis import PartitionedBroker, RedisBroker
 from tests._helpers import (
     REDIS_URL,
     free_port,

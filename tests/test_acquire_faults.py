@@ -148,8 +148,8 @@ class Spy:
     def install(self, broker: aqw.Broker) -> Spy:
         real = broker.job_lease_backend
 
-        def spied(job: aqw.Job, delivery: Any = None) -> Any:
-            return SpiedLease(real(job, delivery), self)
+        def spied(job: aqw.Job, limits: Any = None, delivery: Any = None) -> Any:
+            return SpiedLease(real(job, limits, delivery), self)
 
         broker.job_lease_backend = spied  # type: ignore[method-assign]
         return self

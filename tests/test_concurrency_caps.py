@@ -21,8 +21,7 @@ from redis.asyncio import Redis
 
 import aqw
 from aqw._redis.keys import QueueKeys
-from aqw.brokers._debounce import DEBOUNCE_HEADER
-from aqw.brokers._flow import debounce_cap
+from aqw.flow import DEBOUNCE_HEADER, debounce_cap
 from tests._helpers import REDIS_URL, eventually, require_real_redis
 from tests.test_rate_limits import SCRIPT, env_for_workers, ledger, start_workers, stop_workers
 
@@ -209,7 +208,7 @@ async def test_a_long_job_keeps_its_slot_through_renewals(backend: Backend) -> N
 
 
 async def _started(app: aqw.App) -> bool:
-    return bool(await app.broker.job_states())
+    return bool(await app.broker.records.running_states())
 
 
 async def test_a_crashed_holders_slot_ages_out_with_its_lease(redis_backend: Backend) -> None:

@@ -33,13 +33,13 @@ from conftest import REDIS_URL, Backend
 
 import aqw
 from aqw import RedisLeaseBackend
-from aqw._damage import to_float, to_int
+from aqw._readback import to_float, to_int
 from aqw._redis.keys import QueueKeys
 from aqw._text import printable
+from aqw.app import dead_job_json
 from aqw.brokers.memory import MemoryBroker
 from aqw.brokers.redis import RedisBroker
 from aqw.cli._job import EXIT_UNKNOWN_JOB
-from aqw.dlq import dead_job_json
 from aqw.errors import FenceCorrupted
 from aqw.lease import Lease
 from aqw.monitor import CallbackSink, Monitor
@@ -410,7 +410,7 @@ async def test_heartbeat_reads_are_capped(redis_backend: Backend) -> None:
     keys = QueueKeys(redis_backend.queue)
     await raw.sadd(keys.workers, *[f"ghost-{i:04d}" for i in range(1500)])
     await raw.set(keys.worker("ghost-0000"), json.dumps(good_beat("ghost-0000", time.time())))
-    beats = await redis_backend.app().broker.heartbeats()
+    beats = await redis_backend.app().broker.status.heartbeats()
     assert [b["worker"] for b in beats] == ["ghost-0000"]
     left = await raw.scard(keys.workers)
     assert 500 <= left < 1500  # at most 1000 names were read (and the gone ones dropped)
@@ -419,12 +419,12 @@ async def test_heartbeat_reads_are_capped(redis_backend: Backend) -> None:
 async def test_job_states_with_bad_numbers_are_marked_damaged(redis_backend: Backend) -> None:
     await write_damage(redis_backend, time.time())
     broker = redis_backend.app().broker
-    states = {s["job_id"]: s for s in await broker.job_states()}
+    states = {s["job_id"]: s for s in await broker.records.running_states()}
     assert set(states) == {"j-bad", "j-str"}
     assert all("damaged" in s for s in states.values())
     for field in ("started_at", "lease_expires_at", "attempt"):
         assert field in states["j-bad"]["damaged"]
-    one = await broker.job_state("j-str")
+    one = await broker.records.running_state("j-str")
     assert one is not None and "not a hash" in one["damaged"]
 
 
@@ -469,7 +469,7 @@ async def test_status_and_monitor_check_heartbeat_shapes_whatever_the_broker(
         "monitor:forged": json.loads(forged_monitor_beat(queue_name, now)),
     }
     for name, beat in beats.items():
-        await broker.publish_heartbeat(name, beat, 60)
+        await broker.status.publish_heartbeat(name, beat, 60)
     status = await gather_status(broker)
     assert [w["worker"] for w in status["workers"]] == ["w-good"]
     for name in ("w-window", "w-stuck", "w-errors", "w-pid", "forged"):

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 import aqw
 from aqw._version import __version__
-from aqw.brokers._views import DEPTH_BUCKET, DEPTH_KEEP
+from aqw.brokers.messages import DEPTH_BUCKET, DEPTH_KEEP
 from aqw.brokers.redis import RedisBroker
 from aqw.dashboard import create_app
 from aqw.dashboard._queries import PAGE
@@ -89,7 +89,7 @@ class Scene:
     async def settled(self) -> bool:
         d = await self.app.broker.depth()
         info = await self.app.job(self.run_id)
-        beats = await self.app.broker.heartbeats()
+        beats = await self.app.broker.status.heartbeats()
         seen = any(b.get("in_flight") == 1 for b in beats)  # the worker has told of it too
         return (
             d.dead == 1 and d.delayed == 2 and seen and info is not None and info.state == "running"
@@ -408,17 +408,17 @@ async def test_depth_history_one_sample_per_bucket_whatever_the_workers(backend:
     await two.connect()
     now = time.time() // DEPTH_BUCKET * DEPTH_BUCKET
     await one.schedule([aqw.Job(task="t")], time.time() + 600)
-    await one.sample_depth(now + 1)
+    await one.history.sample(now + 1)
     await one.schedule([aqw.Job(task="t")], time.time() + 600)  # the depth moves on, but
     for broker in (two, one):  # the bucket has its sample: these add none
-        await broker.sample_depth(now + 2)
-    await two.sample_depth(now + DEPTH_BUCKET)
+        await broker.history.sample(now + 2)
+    await two.history.sample(now + DEPTH_BUCKET)
     reader = backend.broker()  # another process reads it too
-    history = await reader.depth_history(now - 1)
+    history = await reader.history.since(now - 1)
     await reader.close()
     assert [(s.at, s.delayed) for s in history] == [(now, 1), (now + DEPTH_BUCKET, 2)]
-    await one.sample_depth(now + DEPTH_KEEP + 2 * DEPTH_BUCKET)  # trims what is past the window
-    assert [s.at for s in await two.depth_history(0)] == [now + DEPTH_KEEP + 2 * DEPTH_BUCKET]
+    await one.history.sample(now + DEPTH_KEEP + 2 * DEPTH_BUCKET)  # trims what is past the window
+    assert [s.at for s in await two.history.since(0)] == [now + DEPTH_KEEP + 2 * DEPTH_BUCKET]
     await one.close()
     await two.close()
 
@@ -429,8 +429,8 @@ async def test_a_depth_sample_counts_every_priority_level(backend: Backend) -> N
     await broker.publish([aqw.Job(task="t"), aqw.Job(task="t", priority=5)])
     await broker.schedule([aqw.Job(task="t", priority=9)], time.time() + 600)
     now = time.time() // DEPTH_BUCKET * DEPTH_BUCKET
-    await broker.sample_depth(now + 1)
-    [sample] = await broker.depth_history(now - 1)
+    await broker.history.sample(now + 1)
+    [sample] = await broker.history.since(now - 1)
     assert (sample.waiting, sample.delayed) == (2, 1)
     await broker.close()
 
@@ -442,9 +442,9 @@ async def test_the_delayed_page_merges_every_priority_level(backend: Backend) ->
     jobs = [aqw.Job(task="t", payload=i, priority=p) for i, p in enumerate((0, 5, 9, 0, 5))]
     for i, job in enumerate(jobs):
         await broker.schedule([job], now + 600 - 60 * i)  # the last one due first
-    page = await broker.delayed_page(0, 3)
+    page = await broker.history.delayed_page(0, 3)
     assert [aqw.Job.decode(d.data).id for d in page] == [j.id for j in jobs[::-1][:3]]
-    rest = await broker.delayed_page(3, 50)
+    rest = await broker.history.delayed_page(3, 50)
     assert [aqw.Job.decode(d.data).id for d in rest] == [j.id for j in jobs[1::-1]]
     await broker.close()
 
@@ -457,7 +457,7 @@ async def test_workers_write_depth_samples_with_their_heartbeat(backend: Backend
         return None
 
     async with running(app.worker(concurrency=1, heartbeat=0.05)):
-        await eventually(lambda: app.broker.depth_history(0), 10, "a depth sample")
+        await eventually(lambda: app.broker.history.since(0), 10, "a depth sample")
         async with client(create_app(app)) as c:
             page = await c.get("/")
     assert 'data-series="waiting"' in page.text and "no depth samples yet" not in page.text

@@ -287,4 +287,4 @@ async def test_sqs_refuses_debounce(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_memory_broker_shares_debounce_state_by_queue() -> None:
     a, b = MemoryBroker("shared-debounce"), MemoryBroker("shared-debounce")
-    assert a.local_debounce is b.local_debounce
+    assert a.debounce is b.debounce

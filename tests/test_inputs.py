@@ -473,7 +473,7 @@ async def test_one_failing_schedule_never_stops_the_others(
     await scheduler.enqueue_due(now=1005.0)  # both start at their next tick
     for now in (1015.0, 1015.5, 1016.2, 1017.0, 1018.3, 1025.0):
         await scheduler.enqueue_due(now=now)
-    marks = await app.broker.schedule_marks()
+    marks = await app.broker.marks.read()
     assert marks["fine"].tick == 1020.0 and marks["broken"].tick == 1000.0
     assert (await app.broker.depth()).waiting == 2  # the ticks of 1010 and 1020
     errors = said(logging.ERROR)

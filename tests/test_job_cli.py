@@ -257,7 +257,7 @@ async def test_show_a_dead_job_names_its_dlq_entry(kit: Kit) -> None:
 
 async def test_show_a_cancelled_job(kit: Kit) -> None:
     job = await kit.queued()
-    assert await kit.broker.cancel(job.id) == "cancelled"
+    assert await kit.broker.records.cancel(job.id) == "cancelled"
     ran = await kit("job", "show", job.id)
     assert ran.status == 0, ran.err
     assert ran.out.startswith(f"job {job.id}: cancelled\n")
@@ -306,7 +306,7 @@ async def test_wait_exit_status_by_outcome(kit: Kit) -> None:
     dead, entry = await kit.dead(4)
     expired = await kit.finished(Finish(state="expired"))
     cancelled = await kit.queued()
-    assert await kit.broker.cancel(cancelled.id) == "cancelled"
+    assert await kit.broker.records.cancel(cancelled.id) == "cancelled"
 
     ran = await kit("job", "wait", ok.id)
     assert ran.status == 0, ran.err
@@ -373,7 +373,7 @@ async def test_cancel_outcomes(kit: Kit) -> None:
 
     ran = await kit("job", "cancel", queued.id)
     assert (ran.status, ran.out) == (0, "cancelled: it had not started and will not run\n")
-    assert (await kit.broker.record(queued.id)) is not None
+    assert (await kit.broker.records.record(queued.id)) is not None
     assert (await kit("job", "show", queued.id, "--json")).json["state"] == "cancelled"
 
     ran = await kit("job", "cancel", running.id)
@@ -381,7 +381,7 @@ async def test_cancel_outcomes(kit: Kit) -> None:
     assert ran.out == (
         "cancelling: its handler is stopped at its next lease renewal (within ttl/3)\n"
     )
-    assert await kit.broker.cancel_requested(running.id)
+    assert await kit.broker.records.cancel_requested(running.id)
 
     ran = await kit("job", "cancel", done.id)
     assert (ran.status, ran.out) == (0, "already finished (succeeded); nothing to cancel\n")

@@ -1,4 +1,4 @@
-"""``LocalRecords`` (aqw/brokers/_local_records.py), the in-process job records of the memory
+"""``LocalJobRecords`` (aqw/brokers/local/records.py), the in-process job records of the memory
 and SQS brokers: their bound, their expiry, the callers waiting for a job to end, the
 running-job states read from them, and ``LocalStartGuard`` (aqw/brokers/_local_start.py),
 the job lease that starts a job.
@@ -15,13 +15,9 @@ from typing import Any
 import pytest
 
 import aqw
-from aqw.brokers import _local_records as lr
-from aqw.brokers._local_records import (
-    LEASE_GRACE,
-    LocalRecords,
-    running_state,
-)
-from aqw.brokers._local_start import LocalStartGuard
+from aqw.brokers.local import records as lr
+from aqw.brokers.local.records import LEASE_GRACE, LocalJobRecords, running_state
+from aqw.brokers.local.start import LocalStartGuard
 from aqw.brokers.memory import MemoryLeaseBackend
 from aqw.record import DEFAULT_KEEP_FOR, UNFINISHED_KEEP
 
@@ -29,7 +25,7 @@ pytestmark = pytest.mark.timeout(30)
 
 
 class Clock:
-    """Stands in for the ``time`` module of ``_local_records``: both clocks move together."""
+    """Stands in for the ``time`` module of ``local/records.py``: both clocks move together."""
 
     def __init__(self) -> None:
         self.wall = 1_800_000_000.0
@@ -57,11 +53,11 @@ def job(n: int = 1, **fields: Any) -> aqw.Job:
     return aqw.Job(id=f"j{n}", task="work", payload={"n": n}, **fields)
 
 
-def ended(records: LocalRecords, j: aqw.Job, keep_for: float = 60.0, **fields: str) -> None:
+def ended(records: LocalJobRecords, j: aqw.Job, keep_for: float = 60.0, **fields: str) -> None:
     records.finish(j, "succeeded", {"finished_at": repr(time.time()), **fields}, keep_for)
 
 
-def state_of(records: LocalRecords, job_id: str) -> str | None:
+def state_of(records: LocalJobRecords, job_id: str) -> str | None:
     info = records.info(job_id)
     return None if info is None else info.state
 
@@ -70,7 +66,7 @@ def state_of(records: LocalRecords, job_id: str) -> str | None:
 
 
 def test_past_the_bound_the_records_closest_to_their_end_go_first(clock: Clock) -> None:
-    records = LocalRecords("q", limit=3)
+    records = LocalJobRecords("q", limit=3)
     for n in (1, 2, 3):
         records.enqueued(job(n))
         clock.advance(1)
@@ -85,9 +81,9 @@ def test_past_the_bound_the_records_closest_to_their_end_go_first(clock: Clock) 
 
 
 def test_the_default_bound_holds_many_records() -> None:
-    records = LocalRecords("q", limit=lr.MAX_RECORDS)
+    records = LocalJobRecords("q", limit=lr.MAX_RECORDS)
     assert lr.MAX_RECORDS >= 10_000
-    small = LocalRecords("q", limit=100)
+    small = LocalJobRecords("q", limit=100)
     for n in range(1000):
         small.enqueued(job(n))
         ended(small, job(n), keep_for=60)
@@ -97,12 +93,12 @@ def test_the_default_bound_holds_many_records() -> None:
 
 
 def test_rewriting_one_record_keeps_the_index_small(clock: Clock) -> None:
-    records = LocalRecords("q")
+    records = LocalJobRecords("q")
     j = job(1)
     records.enqueued(j)
     for fence in range(1, 5001):
         records.started(j, "w", fence, clock.wall + 30)
-        records.requeued(j.id)
+        records.given_back(j.id)
     assert len(records) == 1
     assert len(records._ends) <= 2 * len(records) + 1024
 
@@ -110,8 +106,8 @@ def test_rewriting_one_record_keeps_the_index_small(clock: Clock) -> None:
 # -- expiry ----------------------------------------------------------------------------------
 
 
-def test_a_finished_record_lives_keep_for(clock: Clock) -> None:
-    records = LocalRecords("q")
+async def test_a_finished_record_lives_keep_for(clock: Clock) -> None:
+    records = LocalJobRecords("q")
     j = job(1)
     records.enqueued(j)
     ended(records, j, keep_for=10)
@@ -119,11 +115,11 @@ def test_a_finished_record_lives_keep_for(clock: Clock) -> None:
     assert state_of(records, j.id) == "succeeded"
     clock.advance(0.2)
     assert records.info(j.id) is None
-    assert len(records) == 0 and records.cancel(j.id, 60) == "unknown"
+    assert len(records) == 0 and await records.cancel(j.id, 60) == "unknown"
 
 
 def test_expired_records_are_swept_without_being_read(clock: Clock) -> None:
-    records = LocalRecords("q")
+    records = LocalJobRecords("q")
     for n in range(50):
         records.enqueued(job(n))
         ended(records, job(n), keep_for=5)
@@ -133,7 +129,7 @@ def test_expired_records_are_swept_without_being_read(clock: Clock) -> None:
 
 
 def test_an_unfinished_record_lives_unfinished_keep_past_its_due_time(clock: Clock) -> None:
-    records = LocalRecords("q")
+    records = LocalJobRecords("q")
     later = job(1)
     records.enqueued(later, run_at=clock.wall + 100)
     records.enqueued(job(2))
@@ -147,15 +143,15 @@ def test_an_unfinished_record_lives_unfinished_keep_past_its_due_time(clock: Clo
     assert records.info("j1") is None
 
 
-def test_a_cancelled_job_keeps_its_record_while_its_message_may_still_come(
+async def test_a_cancelled_job_keeps_its_record_while_its_message_may_still_come(
     clock: Clock,
 ) -> None:
     """Its message is still queued: were its record to end at ``keep_for``, a worker that
     fetched it later would find no record and run it."""
-    records = LocalRecords("q")
+    records = LocalJobRecords("q")
     j = job(1)
     records.enqueued(j, run_at=clock.wall + 3600)
-    assert records.cancel(j.id, 60) == "cancelled"
+    assert await records.cancel(j.id, 60) == "cancelled"
     clock.advance(3600 + 60)
     assert state_of(records, j.id) == "cancelled"
     with pytest.raises(aqw.JobCancelled):
@@ -168,7 +164,7 @@ def test_a_cancelled_job_keeps_its_record_while_its_message_may_still_come(
 
 
 def test_the_steps_of_a_job(clock: Clock) -> None:
-    records = LocalRecords("q")
+    records = LocalJobRecords("q")
     j = job(1, key="k-1")
     records.enqueued(j, run_at=clock.wall + 5)
     info = records.info(j.id)
@@ -193,26 +189,26 @@ def test_the_steps_of_a_job(clock: Clock) -> None:
 
 
 def test_requeued_only_moves_a_running_record(clock: Clock) -> None:
-    records = LocalRecords("q")
+    records = LocalJobRecords("q")
     j = job(1)
     records.enqueued(j)
     ended(records, j)
-    records.requeued(j.id)
+    records.given_back(j.id)
     assert state_of(records, j.id) == "succeeded"
-    records.requeued("unknown")
+    records.given_back("unknown")
     assert records.info("unknown") is None
 
 
-def test_a_cancel_asked_while_running_refuses_a_later_start(clock: Clock) -> None:
+async def test_a_cancel_asked_while_running_refuses_a_later_start(clock: Clock) -> None:
     """Its worker died (or handed it back) before it could stop: the job's next delivery
     is not run again; a replay from the DLQ drops the request."""
-    records = LocalRecords("q")
+    records = LocalJobRecords("q")
     j = job(1)
     records.enqueued(j)
     records.started(j, "w", 1, clock.wall + 30)
-    assert records.cancel(j.id, 60) == "cancelling"
-    assert records.cancel_requested(j.id) and records.is_cancelled(j.id)
-    records.requeued(j.id)
+    assert await records.cancel(j.id, 60) == "cancelling"
+    assert await records.cancel_requested(j.id) and records.is_cancelled(j.id)
+    records.given_back(j.id)
     with pytest.raises(aqw.JobCancelled):
         records.started(j, "w", 2, clock.wall + 30)
     records.finish(j, "dead", {"dlq_entry": "1-1"}, 60)
@@ -222,8 +218,8 @@ def test_a_cancel_asked_while_running_refuses_a_later_start(clock: Clock) -> Non
     assert state_of(records, j.id) == "running"
 
 
-def test_update_changes_only_a_running_record_under_its_fence(clock: Clock) -> None:
-    records = LocalRecords("q")
+async def test_update_changes_only_a_running_record_under_its_fence(clock: Clock) -> None:
+    records = LocalJobRecords("q")
     j = job(1)
     records.enqueued(j)
     records.update(j.id, {"progress": "0.5"})
@@ -232,11 +228,11 @@ def test_update_changes_only_a_running_record_under_its_fence(clock: Clock) -> N
     records.started(j, "w", 4, clock.wall + 30)
     records.update(j.id, {"progress": "0.5", "state": "succeeded", "worker": "x"}, 4)
     records.update(j.id, {"progress": "0.9"}, 5)
-    records.set_running_state(j.id, {"progress": "0.8"})  # no fencing token
-    records.set_running_state(j.id, {"progress": "0.7", "fencing_token": "junk"})
+    await records.set_running_state(j.id, {"progress": "0.8"})  # no fencing token
+    await records.set_running_state(j.id, {"progress": "0.7", "fencing_token": "junk"})
     info = records.info(j.id)
     assert info is not None and (info.state, info.worker, info.progress) == ("running", "w", 0.5)
-    records.set_running_state(j.id, {"progress": "0.6", "message": "m", "fencing_token": "4"})
+    await records.set_running_state(j.id, {"progress": "0.6", "message": "m", "fencing_token": "4"})
     info = records.info(j.id)
     assert info is not None and (info.progress, info.message) == (0.6, "m")
     ended(records, j)
@@ -246,7 +242,7 @@ def test_update_changes_only_a_running_record_under_its_fence(clock: Clock) -> N
 
 
 def test_a_record_running_for_days_does_not_expire(clock: Clock) -> None:
-    records = LocalRecords("q")
+    records = LocalJobRecords("q")
     j = job(1)
     records.started(j, "w", 1, clock.wall + 30)
     for _ in range(20):
@@ -258,13 +254,13 @@ def test_a_record_running_for_days_does_not_expire(clock: Clock) -> None:
 # -- running-job states ----------------------------------------------------------------------
 
 
-def test_running_states_keep_jobs_whose_worker_died(clock: Clock) -> None:
-    records = LocalRecords("q")
+async def test_running_states_keep_jobs_whose_worker_died(clock: Clock) -> None:
+    records = LocalJobRecords("q")
     for n in (1, 2, 3):
         records.enqueued(job(n))
         records.started(job(n), "w", n, clock.wall + 10)
     ended(records, job(3))
-    states = records.running_states(100)
+    states = await records.running_states(100)
     assert [s["job_id"] for s in states] == ["j1", "j2"]
     assert states[0] == {
         "state": "running",
@@ -278,16 +274,18 @@ def test_running_states_keep_jobs_whose_worker_died(clock: Clock) -> None:
         "progress": "0.0",
         "message": "",
     }
-    assert records.running_state("j1") == states[0]
-    assert records.running_states(1) == states[:1]
+    assert await records.running_state("j1") == states[0]
+    assert await records.running_states(1) == states[:1]
     records.update("j2", {"lease_expires_at": repr(clock.wall + 100)}, 2)
     clock.advance(10 + LEASE_GRACE * 2)  # j1's lease lapsed: its worker died
     # Still listed, its lease expiry in the past: the monitor reports it as orphaned until
     # another worker takes it over.
-    assert [s["job_id"] for s in records.running_states(100)] == ["j1", "j2"]
-    assert records.running_state("j1") is not None
-    assert records.running_state("j1")["lease_expires_at"] == repr(clock.wall - 2 * LEASE_GRACE)
-    assert records.running_state("j3") is None and records.running_state("nope") is None
+    assert [s["job_id"] for s in await records.running_states(100)] == ["j1", "j2"]
+    assert await records.running_state("j1") is not None
+    assert (await records.running_state("j1"))["lease_expires_at"] == repr(
+        clock.wall - 2 * LEASE_GRACE
+    )
+    assert await records.running_state("j3") is None and await records.running_state("nope") is None
 
 
 def test_running_state_of_odd_records() -> None:
@@ -304,25 +302,25 @@ def test_running_state_of_odd_records() -> None:
 
 
 async def test_wait_returns_at_once_for_a_finished_job_and_raises_for_an_unknown_one() -> None:
-    records = LocalRecords("q")
+    records = LocalJobRecords("q")
     j = job(1)
     records.enqueued(j)
     ended(records, j)
-    assert (await records.wait(j.id, 0.01)).state == "succeeded"
-    assert (await records.wait(j.id, None)).state == "succeeded"
+    assert (await records.wait_finished(j.id, 0.01)).state == "succeeded"
+    assert (await records.wait_finished(j.id, None)).state == "succeeded"
     with pytest.raises(aqw.UnknownJob) as caught:
-        await records.wait("nope", None)
+        await records.wait_finished("nope", None)
     assert caught.value.job_id == "nope"
     assert records.waiting() == 0
 
 
 async def test_every_waiter_on_one_job_is_woken_with_its_end() -> None:
-    records = LocalRecords("q")
+    records = LocalJobRecords("q")
     j, other = job(1), job(2)
     records.enqueued(j)
     records.enqueued(other)
-    waiters = [asyncio.create_task(records.wait(j.id, 10)) for _ in range(50)]
-    bystander = asyncio.create_task(records.wait(other.id, 10))
+    waiters = [asyncio.create_task(records.wait_finished(j.id, 10)) for _ in range(50)]
+    bystander = asyncio.create_task(records.wait_finished(other.id, 10))
     await asyncio.sleep(0.01)
     assert records.waiting(j.id) == 50 and records.waiting() == 51
     records.started(j, "w", 1, time.time() + 30)
@@ -333,21 +331,21 @@ async def test_every_waiter_on_one_job_is_woken_with_its_end() -> None:
     assert {(i.state, i.result) for i in infos} == {("succeeded", "ok")}
     assert records.info(j.id) is None
     assert records.waiting(j.id) == 0 and not bystander.done()
-    assert records.cancel(other.id, 60) == "cancelled"
+    assert await records.cancel(other.id, 60) == "cancelled"
     assert (await bystander).state == "cancelled"
     assert records.waiting() == 0
 
 
 async def test_a_waiter_that_times_out_or_is_cancelled_leaves_nothing_behind() -> None:
-    records = LocalRecords("q")
+    records = LocalJobRecords("q")
     j = job(1)
     records.enqueued(j)
     t0 = time.monotonic()
     with pytest.raises(TimeoutError):
-        await records.wait(j.id, 0.1)
+        await records.wait_finished(j.id, 0.1)
     assert time.monotonic() - t0 >= 0.09
     assert records.waiting() == 0
-    task = asyncio.create_task(records.wait(j.id, None))
+    task = asyncio.create_task(records.wait_finished(j.id, None))
     await asyncio.sleep(0.01)
     assert records.waiting(j.id) == 1
     task.cancel()
@@ -355,20 +353,20 @@ async def test_a_waiter_that_times_out_or_is_cancelled_leaves_nothing_behind() -
         await task
     assert records.waiting() == 0 and records._waiters == {}
     ended(records, j)  # nobody left to wake
-    assert (await records.wait(j.id, 1)).state == "succeeded"
+    assert (await records.wait_finished(j.id, 1)).state == "succeeded"
 
 
 async def test_a_waiter_whose_record_goes_raises_unknown_job(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    records = LocalRecords("q", limit=1)
+    records = LocalJobRecords("q", limit=1)
     records.enqueued(job(1))
-    evicted = asyncio.create_task(records.wait("j1", 10))
+    evicted = asyncio.create_task(records.wait_finished("j1", 10))
     await asyncio.sleep(0.01)
     records.enqueued(job(2))  # past the bound: j1's record is dropped
     with pytest.raises(aqw.UnknownJob):
         await evicted
-    cleared = asyncio.create_task(records.wait("j2", 10))
+    cleared = asyncio.create_task(records.wait_finished("j2", 10))
     await asyncio.sleep(0.01)
     records.clear()  # the queue was deleted
     with pytest.raises(aqw.UnknownJob):
@@ -377,7 +375,7 @@ async def test_a_waiter_whose_record_goes_raises_unknown_job(
     records.enqueued(job(3))
     t0 = time.monotonic()
     with pytest.raises(aqw.UnknownJob):  # its record ended while it waited: no hang
-        await records.wait("j3", None)
+        await records.wait_finished("j3", None)
     assert 0.15 <= time.monotonic() - t0 < 2
     assert records.waiting() == 0
 
@@ -386,7 +384,7 @@ async def test_a_waiter_whose_record_goes_raises_unknown_job(
 
 
 async def test_the_start_guard_marks_the_job_running_and_renews_its_expiry() -> None:
-    records = LocalRecords("q")
+    records = LocalJobRecords("q")
     backend = MemoryLeaseBackend()
     j = job(1)
     records.enqueued(j)
@@ -413,11 +411,11 @@ async def test_the_start_guard_marks_the_job_running_and_renews_its_expiry() -> 
 
 
 async def test_the_start_guard_refuses_a_cancelled_job_and_takes_nothing() -> None:
-    records = LocalRecords("q")
+    records = LocalJobRecords("q")
     backend = MemoryLeaseBackend()
     j = job(1)
     records.enqueued(j)
-    assert records.cancel(j.id, DEFAULT_KEEP_FOR) == "cancelled"
+    assert await records.cancel(j.id, DEFAULT_KEEP_FOR) == "cancelled"
     guard = LocalStartGuard(backend, records, j, "w")
     with pytest.raises(aqw.JobCancelled):
         await guard.acquire("lease:j1", "t", 1000)
@@ -426,14 +424,14 @@ async def test_the_start_guard_refuses_a_cancelled_job_and_takes_nothing() -> No
 
 
 async def test_a_cancel_that_lands_during_the_acquire_releases_the_lease() -> None:
-    records = LocalRecords("q")
+    records = LocalJobRecords("q")
     j = job(1)
     records.enqueued(j)
 
     class Slow(MemoryLeaseBackend):
         async def acquire(self, key: str, token: str, ttl_ms: int) -> int | None:
             fence = await super().acquire(key, token, ttl_ms)
-            assert records.cancel(j.id, 60) == "cancelled"  # while the reply is on its way
+            assert await records.cancel(j.id, 60) == "cancelled"  # while the reply is on its way
             return fence
 
     backend = Slow()

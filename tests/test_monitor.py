@@ -247,7 +247,7 @@ async def test_baseline_is_a_time_weighted_ewma(
 async def publish_windows(broker: aqw.Broker, *windows: tuple[int, int, int]) -> None:
     for i, (processed, retried, dead) in enumerate(windows):
         counts = {"processed": processed, "retried": retried, "dead": dead, "failed": retried}
-        await broker.publish_heartbeat(f"w{i}", beat(f"w{i}", last_5m=counts), ttl=60)
+        await broker.status.publish_heartbeat(f"w{i}", beat(f"w{i}", last_5m=counts), ttl=60)
 
 
 async def test_retry_rate_exactly_5_percent_is_quiet_just_above_fires_and_resolves(
@@ -293,7 +293,7 @@ async def test_monitor_heartbeat_does_not_count_as_a_worker(
     monitor = make_monitor(broker, clock, seen)
     await publish_windows(broker, (100, 20, 0))
     await monitor.evaluate_once()  # fires, and publishes the monitor heartbeat
-    beats = await broker.heartbeats()
+    beats = await broker.status.heartbeats()
     mon = [b for b in beats if b.get("kind") == "monitor"]
     assert len(mon) == 1 and mon[0]["monitor"] == monitor.name
     assert [a["rule"] for a in mon[0]["alerts"]] == ["retry_rate"]
@@ -320,13 +320,15 @@ async def test_stuck_job_fires_and_resolves_when_it_finishes(
     broker: MemoryBroker, clock: Clock, seen: Recorder
 ) -> None:
     monitor = make_monitor(broker, clock, seen)
-    await broker.publish_heartbeat("w0", beat("w0", stuck=[stuck_entry("j1", clock, 201)]), 60)
+    await broker.status.publish_heartbeat(
+        "w0", beat("w0", stuck=[stuck_entry("j1", clock, 201)]), 60
+    )
     fired = await monitor.evaluate_once()
     assert [(a.rule, a.key) for a in fired] == [("stuck_job", "stuck_job:j1")]
     assert fired[0].details["reason"] == "sla" and fired[0].details["worker"] == "w0"
     assert "2x its SLA of 100s" in fired[0].summary
 
-    await broker.publish_heartbeat("w0", beat("w0", stuck=[]), 60)  # the job finished
+    await broker.status.publish_heartbeat("w0", beat("w0", stuck=[]), 60)  # the job finished
     clock.t += 15
     resolved = await monitor.evaluate_once()
     assert [(a.key, a.resolved_at) for a in resolved] == [("stuck_job:j1", clock.t)]
@@ -337,7 +339,9 @@ async def test_stuck_factor_is_applied_to_the_workers_reports(
     broker: MemoryBroker, clock: Clock, seen: Recorder
 ) -> None:
     monitor = make_monitor(broker, clock, seen, stuck_factor=3.0)
-    await broker.publish_heartbeat("w0", beat("w0", stuck=[stuck_entry("j1", clock, 250)]), 60)
+    await broker.status.publish_heartbeat(
+        "w0", beat("w0", stuck=[stuck_entry("j1", clock, 250)]), 60
+    )
     assert await monitor.evaluate_once() == []
     clock.t += 51  # now 301 s: past 3x the SLA
     assert [a.key for a in await monitor.evaluate_once()] == ["stuck_job:j1"]
@@ -348,10 +352,10 @@ async def test_many_stuck_jobs_are_capped_into_one_more_alert(
 ) -> None:
     monitor = make_monitor(broker, clock, seen, max_job_alerts=3)
     first = [stuck_entry(f"j{i}", clock, 300 + i) for i in range(2)]
-    await broker.publish_heartbeat("w0", beat("w0", stuck=first), 60)
+    await broker.status.publish_heartbeat("w0", beat("w0", stuck=first), 60)
     await monitor.evaluate_once()
     many = first + [stuck_entry(f"k{i}", clock, 1000 + i) for i in range(5)]
-    await broker.publish_heartbeat("w0", beat("w0", stuck=many), 60)
+    await broker.status.publish_heartbeat("w0", beat("w0", stuck=many), 60)
     fired = await monitor.evaluate_once()
     # the two already firing stay; the oldest new one gets the last slot; four are counted
     assert sorted(a.key for a in monitor.active_alerts()) == [
@@ -371,12 +375,12 @@ def running_job(
     """Record job ``job_id`` of task ``slow`` as running on ``worker`` since ``started_at``
     under a lease confirmed until ``lease_expires_at`` (the monitor's clock is fake)."""
     job = aqw.Job(id=job_id, task="slow")
-    broker.local_records.enqueued(job)
-    broker.local_records.started(job, worker, 1, lease_expires_at, started_at=started_at)
+    broker.records.enqueued(job)
+    broker.records.started(job, worker, 1, lease_expires_at, started_at=started_at)
 
 
 def end_job(broker: aqw.Broker, job_id: str) -> None:
-    broker.local_records.finish(aqw.Job(id=job_id, task="slow"), "succeeded", {}, 60)
+    broker.records.finish(aqw.Job(id=job_id, task="slow"), "succeeded", {}, 60)
 
 
 async def test_orphaned_job_of_a_dead_worker_fires_and_resolves(
@@ -384,7 +388,7 @@ async def test_orphaned_job_of_a_dead_worker_fires_and_resolves(
 ) -> None:
     monitor = make_monitor(broker, clock, seen, orphan_after=300)
     now = clock.t
-    await broker.publish_heartbeat("alive", beat("alive"), ttl=60)
+    await broker.status.publish_heartbeat("alive", beat("alive"), ttl=60)
     running_job(broker, "expired", "gone", now - 5, now - 1)
     running_job(broker, "young", "gone", now - 5, now + 20)
     running_job(broker, "live", "alive", now - 999, now - 1)
@@ -493,9 +497,11 @@ async def test_webhook_sink_posts_firing_and_resolved(
     url, received = webhook
     sink = WebhookSink(url, timeout=2.0)
     monitor = Monitor(broker, sinks=[sink], clock=clock)
-    await broker.publish_heartbeat("w0", beat("w0", stuck=[stuck_entry("j9", clock, 500)]), 60)
+    await broker.status.publish_heartbeat(
+        "w0", beat("w0", stuck=[stuck_entry("j9", clock, 500)]), 60
+    )
     await monitor.evaluate_once()
-    await broker.publish_heartbeat("w0", beat("w0"), 60)
+    await broker.status.publish_heartbeat("w0", beat("w0"), 60)
     clock.t += 15
     await monitor.evaluate_once()
     assert (sink.sent, sink.failures) == (2, 0)
@@ -695,7 +701,7 @@ async def test_aqw_monitor_runs_until_sigterm_and_posts_to_the_webhook(
             await eventually(lambda: len(received) >= 1, 20, "the webhook POST")
             assert received[0]["body"]["status"] == "firing"
             assert received[0]["body"]["alert"]["rule"] == "retry_rate"
-            beats = await broker.heartbeats()
+            beats = await broker.status.heartbeats()
             assert [b["alerts"][0]["rule"] for b in beats if b.get("kind") == "monitor"] == [
                 "retry_rate"
             ]

@@ -113,7 +113,7 @@ def test_brokers_describe_where_they_are_without_secrets() -> None:
     assert RedisBroker("unix:///run/redis.sock?db=2", "q").describe() == (
         "unix:///run/redis.sock?db=2 queue=q"
     )
-    assert MemoryBroker("m").describe() == "memory://m"
+    assert MemoryBroker("m").describe() == "memory://m (in-process only)"
     sqs = aqw.App("sqs://orders?region=eu-west-1", queue="orders").broker
     assert sqs.describe() == "sqs queue orders (region=eu-west-1)"
 

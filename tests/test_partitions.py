@@ -24,12 +24,11 @@ from pydantic import BaseModel
 import aqw
 from aqw._ids import new_job_id
 from aqw.brokers import from_url, with_partitions
-from aqw.brokers._flow import flow_control
-from aqw.brokers._partitions import named, partition_of_route, route_key, split_name
 from aqw.brokers.memory import MemoryBroker
-from aqw.brokers.partitioned import PartitionedBroker
-from aqw.brokers.redis import RedisBroker
+from aqw.brokers.redis import PartitionedBroker, RedisBroker
+from aqw.brokers.redis._partitions import named, partition_of_route, split_name
 from aqw.dashboard._pages import ENTRY_ID
+from aqw.flow import flow_control, route_key
 from aqw.status import gather_status
 from tests._helpers import REDIS_URL, eventually
 
@@ -247,7 +246,7 @@ async def test_one_fetch_takes_from_every_partition(parts: Backend) -> None:
     assert len({d.id for d in got}) == 30
     # And settling acts on the partition it came from.
     for d in got:
-        assert await broker.requeue(d, None)
+        assert await broker.give_back(d, None)
     assert sum(await stream_lengths(parts)) == 304
 
 

@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from redis.asyncio import Redis
 
 import aqw
-from aqw.brokers.multi import MultiBroker, queue_plan, sqs_url_for
+from aqw.brokers.multi import MultiBroker, queue_plan
 from aqw.brokers.redis import RedisBroker
 from aqw.cli._main import build_parser
 from aqw.cli._status import add_parser, run
@@ -356,11 +356,15 @@ def test_aqw_worker_takes_queues_and_passes_them_to_each_process(
     assert "queues: 'a' is named twice" in capsys.readouterr().err
 
 
-def test_sqs_url_of_another_queue() -> None:
-    assert sqs_url_for("sqs://jobs?region=eu-west-1&dlq=jobs-dead", "low") == (
-        "sqs://low?region=eu-west-1"
-    )
-    assert sqs_url_for("sqs://https://h/1/jobs?dlq=none", "low") == "sqs://https://h/1/low?dlq=none"
+def test_the_sqs_broker_of_another_queue_keeps_the_options_but_the_dlq_name() -> None:
+    pytest.importorskip("aioboto3")
+    from aqw.brokers.sqs import SQSBroker
+
+    jobs = SQSBroker.from_url("sqs://jobs?region=eu-west-1&dlq=jobs-dead&wait=3", "jobs")
+    low = jobs.sibling("low")
+    assert (low.queue, low.region, low.wait, low.dlq_name) == ("low", "eu-west-1", 3, None)
+    by_url = SQSBroker.from_url("sqs://https://h/1/jobs?dlq=none", "jobs").sibling("low")
+    assert (by_url.queue_url, by_url.dlq_name) == ("https://h/1/low", "none")
 
 
 async def test_a_multi_broker_routes_settles_to_the_delivery_queue(

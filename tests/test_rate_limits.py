@@ -26,7 +26,7 @@ from redis.asyncio import Redis
 
 import aqw
 from aqw._redis.keys import QueueKeys
-from aqw.brokers._flow import FlowControl, Rate, flow_control, parse_rate
+from aqw.flow import FlowControl, Rate, flow_control, parse_rate
 from aqw.telemetry._instruments import INSTRUMENTS
 from tests._helpers import REDIS_URL, eventually, moto_server, require_real_redis
 

@@ -177,7 +177,7 @@ async def test_a_workers_heartbeat_shows_no_payload_values(backend: Backend) -> 
         await eventually(lambda: worker.stats.dead == 1, 10, "the job dead-lettered")
 
         async def published() -> list[dict[str, Any]]:
-            beats = await app.broker.heartbeats()
+            beats = await app.broker.status.heartbeats()
             return [b for b in beats if b.get("worker") == worker.name and b.get("errors")]
 
         await eventually(published, 10, "a heartbeat with the error")

@@ -20,7 +20,7 @@ from redis.asyncio import Redis
 
 from aqw.errors import ConfigError, LeaseLost, LeaseUnavailable
 from aqw.lease import Lease
-from aqw.redlock import RedlockBackend
+from aqw.lease.redlock import RedlockBackend
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -270,7 +270,7 @@ class Stage:
         return await self.broker.promote_due()
 
     async def record(self) -> aqw.JobInfo:
-        info = await self.broker.record(self.job.id)
+        info = await self.broker.records.record(self.job.id)
         assert info is not None, "the job has no record"
         return info
 
@@ -338,7 +338,7 @@ async def test_retry_step_moves_everything_in_one_step(
         "ValueError: no",
         "fp-1",
     )
-    assert await s.broker.job_states() == []  # no longer running
+    assert await s.broker.records.running_states() == []  # no longer running
 
 
 async def test_retry_step_without_a_lease_record_still_moves(
@@ -390,7 +390,7 @@ async def test_dead_letter_step_moves_everything_in_one_step(
     assert (info.state, info.dlq_entry) == ("dead", entry)
     assert info.error is not None and info.error.type == "ValueError"
     assert info.finished_at is not None
-    assert await s.broker.job_states() == []
+    assert await s.broker.records.running_states() == []
 
 
 async def test_dead_letter_step_trims_the_dlq_and_counts_it(

@@ -20,7 +20,7 @@ from _worker_script import ledger_key
 from redis.asyncio import Redis
 
 import aqw
-from aqw.brokers._schedule_marks import ScheduleMark
+from aqw.brokers.messages import ScheduleMark
 from aqw.schedule import tick_iso, tick_key
 from aqw.worker._scheduler import Scheduler
 
@@ -143,15 +143,15 @@ async def test_a_new_leader_catches_up_from_the_mark(backend: Any) -> None:
     scheduler = Scheduler(app.broker, app.tasks, asyncio.Event(), worker.outage, "w")
     await app.broker.connect()
     await scheduler.enqueue_due(now=1005.0)  # no mark: nothing, the mark is the latest tick
-    assert (await app.broker.schedule_marks())["tick"].tick == 1000.0
+    assert (await app.broker.marks.read())["tick"].tick == 1000.0
     await scheduler.enqueue_due(now=1095.0)  # 9 ticks missed: the last 3
-    mark = (await app.broker.schedule_marks())["tick"]
+    mark = (await app.broker.marks.read())["tick"]
     assert mark.tick == 1090.0 and mark.job_id
     await scheduler.enqueue_due(now=1095.0)
     info = await app.job(mark.job_id)
     assert info is not None and info.key == tick_key("tick", 1090.0)
-    await app.broker.set_schedule_mark("tick", ScheduleMark(1070.0))  # moving back: refused
-    assert (await app.broker.schedule_marks())["tick"].tick == 1090.0
+    await app.broker.marks.advance("tick", ScheduleMark(1070.0))  # moving back: refused
+    assert (await app.broker.marks.read())["tick"].tick == 1090.0
     depth = await app.broker.depth()
     assert depth.waiting == 3
 
@@ -168,9 +168,9 @@ async def test_skip_if_running_skips_while_the_last_job_runs(backend: Any) -> No
     await app.broker.connect()
     await scheduler.enqueue_due(now=1005.0)
     await scheduler.enqueue_due(now=1015.0)
-    first = (await app.broker.schedule_marks())["slow"].job_id
+    first = (await app.broker.marks.read())["slow"].job_id
     await scheduler.enqueue_due(now=1025.0)  # the job of 1010 is still queued: skipped
-    mark = (await app.broker.schedule_marks())["slow"]
+    mark = (await app.broker.marks.read())["slow"]
     assert (mark.tick, mark.job_id) == (1020.0, first)
     assert (await app.broker.depth()).waiting == 1
 
@@ -229,7 +229,7 @@ async def test_cron_list_shows_the_schedules(capsys: pytest.CaptureFixture[str])
     @app.task(name="hourly", schedule=aqw.Cron("0 * * * *"))
     async def hourly() -> None: ...
 
-    await app.broker.set_schedule_mark("hourly", ScheduleMark(3600.0, "job-1"))
+    await app.broker.marks.advance("hourly", ScheduleMark(3600.0, "job-1"))
     import argparse
     import types
 

@@ -261,12 +261,12 @@ async def test_sums_leave_the_monitor_out_and_errors_merge_by_fingerprint(
     }
     errors = [err("aa", 3, now - 9, "old"), err("bb", 1, now, "b")]
     w1 = beat("w1", 80, 10, 0.010, 0.200, errors, stuck=[stuck], runaway=["t"])
-    await broker.publish_heartbeat("w1", w1, 60)
+    await broker.status.publish_heartbeat("w1", w1, 60)
     w2 = beat("w2", 20, 0, 0.030, 0.050, [err("aa", 4, now - 1, "new")])
-    await broker.publish_heartbeat("w2", w2, 60)
+    await broker.status.publish_heartbeat("w2", w2, 60)
     monitor = Monitor(broker, sinks=[CallbackSink(lambda a: None)])
     await monitor.evaluate_once()  # 10% retries and j1 stuck: fires, publishes its heartbeat
-    assert len(await broker.heartbeats()) == 3
+    assert len(await broker.status.heartbeats()) == 3
 
     status = await gather_status(broker)
     assert [w["worker"] for w in status["workers"]] == ["w1", "w2"]

@@ -6,11 +6,12 @@ from __future__ import annotations
 from typing import Any, Protocol, cast
 from urllib.parse import parse_qsl, quote, urlencode
 
-from redis.asyncio import Redis
+from redis.asyncio import Redis as Redis  # the client type, for code outside the plumbing
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .cluster import is_cluster_url, make_cluster_client
 from .connections import with_timed_writes
@@ -18,6 +19,21 @@ from .scripts import REPEATABLE_SHAS
 
 #: The errors of the Redis client library: for code that reports them without importing it.
 CLIENT_ERRORS: tuple[type[Exception], ...] = (RedisError,)
+
+#: The client's errors that mean "the server cannot be reached right now".
+UNREACHABLE: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError)
+
+
+def no_retry() -> Retry:
+    """The retry policy of a client that never re-sends a command by itself."""
+    return Retry(NoBackoff(), 0)
+
+
+def client_from_url(url: str, **options: Any) -> Redis:
+    """A plain client of ``url`` with redis-py's ``options`` as given (``make_client`` is
+    aqw's bounded one)."""
+    return Redis.from_url(url, **options)
+
 
 #: Longest BLOCK of one XREADGROUP; short enough to notice a stop quickly.
 MAX_BLOCK = 2.0

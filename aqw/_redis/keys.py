@@ -2,7 +2,7 @@
 
 All keys of one queue share the hash tag ``{queue}``, so each Lua script touches one slot
 and the same scripts run on Redis Cluster. Partition ``i`` of a partitioned queue
-(``aqw/brokers/partitioned.py``) has the tag ``{queue:i}`` instead: the same layout in a
+(``aqw/brokers/redis/_partitioned.py``) has the tag ``{queue:i}`` instead: the same layout in a
 slot of its own.
 """
 
@@ -51,7 +51,7 @@ class QueueKeys:
     @property
     def levels(self) -> str:
         """The set of the priority levels above 0 that producers have used on this queue
-        (``aqw/brokers/_redis_levels.py``): what workers read besides level 0."""
+        (``aqw/brokers/redis/_priorities.py``): what workers read besides level 0."""
         return f"{self.tag}:levels"
 
     @property

@@ -44,6 +44,12 @@ class Script:
         return f"Script({self.name!r}, sha={self.sha[:8]})"
 
 
+def ms(seconds: float) -> int:
+    """``seconds`` in whole milliseconds, at least 1 (a PX of 0 is an error): how scripts
+    take durations."""
+    return max(1, int(seconds * 1000))
+
+
 #: The scripts safe to send again after a call's reply was lost with its connection
 #: (``client.repeatable``): a second run leaves what one run leaves and tells the caller
 #: the same. ``result_watch`` reads a record and adds an inbox to a set; ``cancel`` changes

@@ -1,35 +1,121 @@
-"""Brokers, chosen by URL: ``redis://``, ``rediss://``, ``sqs://`` or ``memory://``."""
+"""Brokers, chosen by URL: ``memory://``, ``redis://`` (and ``rediss://``, ``unix://``,
+``redis+cluster://``, ``rediss+cluster://``), ``sqs://``, and any scheme a package adds
+through the ``aqw.brokers`` entry-point group.
+
+A scheme names a *family* through one table (``FAMILIES``): a function ``(url, queue,
+partitions) -> Broker``. A family outside aqw registers its scheme as an entry point whose
+object is a function ``(url, queue) -> Broker``::
+
+    [project.entry-points."aqw.brokers"]
+    plug = "plugin_broker:from_url"
+
+so that ``pip install aqw-plug`` makes ``App("plug://...")`` work without touching aqw
+(``docs/brokers/writing-a-broker.md``).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from importlib.metadata import entry_points
 from urllib.parse import urlsplit
 
-from .._redis.client import split_option
 from ..errors import ConfigError
-from ._local_records import CancelOutcome
-from ._partitions import check_partitions
-from ._schedule_marks import ScheduleMark
-from .base import Broker, DeadJob, Delivery, Failure, Finish, QueueDepth
-from .memory import MemoryBroker
-from .multi import MultiBroker, sqs_url_for
-from .partitioned import PartitionedBroker
-from .redis import RedisBroker, split_queue
+from . import memory, redis
+from .base import Broker, check_partitions
+from .messages import (
+    CancelOutcome,
+    DeadJob,
+    DelayedJob,
+    Delivery,
+    DepthSample,
+    Failure,
+    Finish,
+    QueueDepth,
+    ScheduleMark,
+)
+from .multi import MultiBroker
 
 __all__ = [
+    "ENTRY_POINTS",
+    "FAMILIES",
     "Broker",
     "CancelOutcome",
     "DeadJob",
+    "DelayedJob",
     "Delivery",
+    "DepthSample",
     "Failure",
     "Finish",
     "MultiBroker",
-    "PartitionedBroker",
     "QueueDepth",
     "ScheduleMark",
-    "broker_for_queue",
     "from_url",
     "with_partitions",
 ]
+
+#: The entry-point group a family outside aqw registers its URL scheme in.
+ENTRY_POINTS = "aqw.brokers"
+
+#: A family's opener: (url, queue, partitions) -> the broker. Only a family that spreads a
+#: queue over partitions accepts ``partitions`` > 1.
+Family = Callable[[str, str, int | None], Broker]
+
+
+def _memory(url: str, queue: str, partitions: int | None) -> Broker:
+    if partitions is not None:
+        check_partitions(partitions)  # one process has no node to outgrow: nothing to spread
+    return memory.from_url(url, queue)
+
+
+def _sqs(url: str, queue: str, partitions: int | None) -> Broker:
+    _one_partition(partitions, "SQS scales a queue by itself")
+    try:
+        from .sqs import SQSBroker
+    except ImportError as exc:  # pragma: no cover - depends on installed extras
+        raise ConfigError(
+            "the sqs:// broker needs the 'sqs' extra: pip install 'aqw[sqs]'"
+        ) from exc
+    broker: Broker = SQSBroker.from_url(url, queue)
+    return broker
+
+
+#: URL scheme -> the family that opens it.
+FAMILIES: dict[str, Family] = {
+    "memory": _memory,
+    **dict.fromkeys(redis.SCHEMES, redis.from_url),
+    "sqs": _sqs,
+}
+
+
+def _one_partition(partitions: int | None, why: str) -> None:
+    if partitions is not None and check_partitions(partitions) > 1:
+        raise ConfigError(f"partitions={partitions}: only a Redis queue is partitioned ({why})")
+
+
+def _registered(scheme: str) -> Family | None:
+    """The family an installed package registers for ``scheme`` (entry point group
+    ``aqw.brokers``), as an opener of the table's shape; None when there is none."""
+    found = [ep for ep in entry_points(group=ENTRY_POINTS) if ep.name.lower() == scheme]
+    if not found:
+        return None
+    opener = found[0].load()
+    if not callable(opener):
+        raise ConfigError(
+            f"the entry point {found[0].value!r} of {scheme}:// in {ENTRY_POINTS!r} is not a "
+            "function (url, queue) -> Broker"
+        )
+
+    def family(url: str, queue: str, partitions: int | None) -> Broker:
+        _one_partition(partitions, f"a {scheme}:// queue is not")
+        broker = opener(url, queue)
+        if not isinstance(broker, Broker):
+            raise ConfigError(
+                f"the {scheme}:// family ({found[0].value}) returned {type(broker).__name__}, "
+                "not an aqw.Broker"
+            )
+        return broker
+
+    return family
 
 
 def from_url(url: str, queue: str = "default", *, partitions: int | None = None) -> Broker:
@@ -40,69 +126,21 @@ def from_url(url: str, queue: str = "default", *, partitions: int | None = None)
     - ``redis+cluster://host:port[,host:port...]/?queue=name`` (``rediss+cluster://`` with
       TLS): a Redis Cluster, found from the nodes named
     - ``sqs://QUEUE_NAME?region=...&endpoint_url=...`` or ``sqs://`` + a queue URL
+    - any scheme an installed package registers in the ``aqw.brokers`` entry-point group
 
     A Redis URL's ``&partitions=P`` (or ``partitions``, which wins) spreads the queue over
     P streams (``PartitionedBroker``); 1 is the plain layout. The in-process broker ignores
-    it (one process has no node to outgrow); SQS refuses it (a queue scales by itself).
+    it (one process has no node to outgrow); the others refuse it.
     """
     scheme = urlsplit(url).scheme.lower()
-    if scheme == "memory":
-        name = urlsplit(url).netloc or queue
-        return MemoryBroker(name)
-    if scheme in ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster"):
-        plain, name = split_queue(url, queue)
-        plain, given = split_option(plain, "partitions")
-        count = partitions if partitions is not None else _partitions_option(given)
-        if count > 1:
-            return PartitionedBroker(plain, name, count)
-        return RedisBroker(plain, name)
-    if partitions is not None and partitions > 1:
+    family = FAMILIES.get(scheme) or _registered(scheme)
+    if family is None:
+        known = ", ".join(f"{s}://" for s in FAMILIES)
         raise ConfigError(
-            f"partitions={partitions}: only a Redis queue is partitioned (SQS scales a queue "
-            "by itself)"
+            f"unknown broker URL {url!r}: expected {known}, or a scheme an installed package "
+            f"registers in the {ENTRY_POINTS!r} entry points"
         )
-    if scheme == "sqs":
-        try:
-            from .sqs import SQSBroker
-        except ImportError as exc:  # pragma: no cover - depends on installed extras
-            raise ConfigError(
-                "the sqs:// broker needs the 'sqs' extra: pip install 'aqw[sqs]'"
-            ) from exc
-        broker: Broker = SQSBroker.from_url(url, queue)
-        return broker
-    raise ConfigError(
-        f"unknown broker URL {url!r}: expected memory://, redis://, rediss://, "
-        "redis+cluster:// or sqs://"
-    )
-
-
-def broker_for_queue(base: Broker, url: str | None, queue: str) -> Broker:
-    """The broker of another queue beside ``base`` (built from ``url``, or None when ``base``
-    was given as an object): a Redis queue on ``base``'s client (one connection pool), the
-    in-process queue of that name, or the ``sqs://`` URL with the queue name replaced (its
-    ``dlq=NAME`` dropped: each queue's own RedrivePolicy names its dead-letter queue)."""
-    if isinstance(base, PartitionedBroker):
-        return PartitionedBroker(base.client, queue, base.partitions, dlq_limit=base.dlq_limit)
-    if isinstance(base, RedisBroker):
-        return RedisBroker(base.client, queue, dlq_limit=base.dlq_limit)
-    if isinstance(base, MemoryBroker):
-        return MemoryBroker(queue, dlq_limit=base.dlq_limit)
-    if url is not None and urlsplit(url).scheme.lower() == "sqs":
-        return from_url(sqs_url_for(url, queue), queue)
-    raise ConfigError(
-        f"queue: cannot build a broker for queue {queue!r} beside a {type(base).__name__} "
-        "given as an object: give the App a broker URL"
-    )
-
-
-def _partitions_option(given: str | None) -> int:
-    """A URL's ``partitions=`` value, checked (absent: 1)."""
-    if given is None:
-        return 1
-    try:
-        return check_partitions(int(given))
-    except ValueError:
-        raise ConfigError(f"partitions must be an integer from 1 to 1024, got {given!r}") from None
+    return family(url, queue, partitions)
 
 
 def with_partitions(broker: Broker, partitions: int | None) -> Broker:
@@ -111,19 +149,7 @@ def with_partitions(broker: Broker, partitions: int | None) -> Broker:
     kept (nothing to spread); anything else with ``partitions`` > 1 is a ConfigError."""
     if partitions is None:
         return broker
-    check_partitions(partitions)
-    if isinstance(broker, PartitionedBroker):
-        if broker.partitions != partitions:
-            raise ConfigError(
-                f"partitions={partitions}, but the broker given has {broker.partitions}"
-            )
+    if broker.in_process:
+        check_partitions(partitions)
         return broker
-    if partitions == 1 or isinstance(broker, MemoryBroker):
-        return broker
-    if isinstance(broker, RedisBroker):
-        return PartitionedBroker(
-            broker.client, broker.queue, partitions, dlq_limit=broker.dlq_limit
-        )
-    raise ConfigError(
-        f"partitions={partitions}: only a Redis queue is partitioned, not a {type(broker).__name__}"
-    )
+    return redis.spread(broker, check_partitions(partitions))

@@ -1,43 +1,99 @@
 """The broker contract: what the runtime needs from a queue, whatever holds it.
 
-A broker moves opaque job bytes and knows nothing of tasks or the runtime: it publishes, hands
-out deliveries and settles them (ack, retry later, dead-letter, give back), atomically on its side.
+``Broker`` is the transport: it publishes opaque job bytes, hands out deliveries, starts a
+job under its lease, settles deliveries (ack, retry later, dead-letter, give back, put off)
+atomically on its side, and counts what it holds. Everything else a queue keeps is a part
+the broker hands out as an attribute (``aqw.brokers.parts``): job records, worker status,
+schedule marks, depth history, debounce, flow limits, server information.
+
+The settle steps are public methods written once here, over a broker's ``_ack``,
+``_retry``, ``_dead_letter``, ``_give_back`` and ``_defer``: a broker whose steps write its
+job records itself (Redis: one script each) does nothing more; one that keeps them in the
+process (``aqw.brokers.local.LocalJobRecords``) has them kept here, after its step.
+
+``docs/brokers/writing-a-broker.md`` is the guide; ``aqw.testing.contract`` the tests.
 """
 
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import Callable, Sequence
-from functools import partial
-from typing import Any
 
+from .._ids import new_job_id
 from ..errors import ConfigError
+from ..flow import Limits
 from ..job import Job
 from ..lease import Lease, LeaseBackend
-from ..record import DEFAULT_KEEP_FOR, JobInfo
-from ._debounce import DebouncedPublish
-from ._flow import FlowSteps
-from ._levels import PriorityShare
-from ._local_records import CancelOutcome, LocalRecords
-from ._local_start import LocalStartGuard
-from ._local_status import LocalStatus
-from ._schedule_marks import ScheduleMarks
-from ._views import BrokerViews
-from .messages import DeadJob, Delivery, Failure, Finish, QueueDepth, failure_fields
+from ..record import DEFAULT_KEEP_FOR
+from .local.records import LocalJobRecords
+from .messages import (
+    SUCCEEDED,
+    DeadJob,
+    Delivery,
+    Failure,
+    Finish,
+    QueueDepth,
+    failure_fields,
+)
+from .parts import (
+    Debounce,
+    DepthHistory,
+    FlowLimits,
+    JobRecords,
+    ScheduleMarks,
+    ServerInfo,
+    WorkerStatus,
+)
 
 __all__ = [
+    "DEFAULT_PRIORITY_SHARE",
+    "MAX_PARTITIONS",
     "Broker",
     "DeadJob",
     "Delivery",
     "Failure",
     "Finish",
     "QueueDepth",
+    "check_partitions",
+    "check_priority_share",
     "failure_fields",
 ]
 
+#: The default share of fetches that start from the lowest waiting priority level.
+DEFAULT_PRIORITY_SHARE = 0.05
 
-class Broker(ScheduleMarks, BrokerViews, DebouncedPublish, PriorityShare, FlowSteps, abc.ABC):
-    """A queue the runtime consumes from. One instance serves one queue."""
+#: Most partitions of one queue.
+MAX_PARTITIONS = 1024
+
+
+def check_priority_share(share: object) -> float:
+    """``share`` as a float in [0, 1], or a ``ConfigError`` naming ``priority_share``."""
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 1:
+        raise ConfigError(
+            f"worker priority_share must be a fraction from 0 (strict order) to 1, got {share!r}"
+        )
+    return float(share)
+
+
+def check_partitions(value: object) -> int:
+    """``partitions=`` when it is an integer from 1 to ``MAX_PARTITIONS``, else a
+    ConfigError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PARTITIONS:
+        raise ConfigError(
+            f"partitions must be an integer from 1 to {MAX_PARTITIONS}, got {value!r}"
+        )
+    return value
+
+
+class Broker(abc.ABC):
+    """A queue the runtime consumes from: the transport, and the parts it hands out.
+
+    One instance serves one queue. A subclass passes every part to ``__init__``: job
+    ``records``, worker ``status`` and schedule ``marks`` always (each saying whether it is
+    shared across processes), and ``history``, ``debounce``, ``flow_limits`` and ``server``
+    when it has them (None: the broker has no such thing, and the features that need it are
+    refused with a message naming it)."""
 
     #: ``messaging.system`` for telemetry.
     system: str = "unknown"
@@ -46,19 +102,50 @@ class Broker(ScheduleMarks, BrokerViews, DebouncedPublish, PriorityShare, FlowSt
     #: backoff instead of failing a job. Brokers add their client library's classes.
     transient_errors: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, OSError)
 
-    def __init__(self, queue: str) -> None:
+    #: True when the whole queue lives in this process (the memory broker): its parts are as
+    #: shared as the queue itself, so the features that need shared parts are allowed.
+    in_process: bool = False
+
+    #: True when a job's id says where the job lives (a partitioned queue): the producer
+    #: then takes each job's id from ``job_id_for``.
+    routes_jobs: bool = False
+
+    def __init__(
+        self,
+        queue: str,
+        *,
+        records: JobRecords,
+        status: WorkerStatus,
+        marks: ScheduleMarks,
+        history: DepthHistory | None = None,
+        debounce: Debounce | None = None,
+        flow_limits: FlowLimits | None = None,
+        server: ServerInfo | None = None,
+    ) -> None:
         self.queue = queue
         self.consumer = ""
-        #: Worker heartbeats, for brokers with no shared store for them.
-        self.local_status = LocalStatus()
-        #: Job records, for brokers with no shared store for them (SQS): only this
-        #: process's jobs, and only while it lives.
-        self.local_records = LocalRecords(queue)
+        #: Job records (``app.job``, results, ``app.cancel``, the running jobs).
+        self.records = records
+        #: Worker heartbeats (``aqw status``, the monitor).
+        self.status = status
+        #: The periodic tasks' last ticks.
+        self.marks = marks
+        #: The depth history and the delayed page (the dashboard); None: none kept.
+        self.history = history
+        #: Debounced enqueue; None: refused at enqueue.
+        self.debounce = debounce
+        #: What the start step enforces; None: rate limits and caps are refused.
+        self.flow_limits = flow_limits
+        #: The server the queue lives on; None: no server to show.
+        self.server = server
+        #: The records the settle steps below keep, when the broker's own steps do not.
+        self._book = records if isinstance(records, LocalJobRecords) else None
 
     def describe(self) -> str:
         """Where this broker is, for a log line: the system and the queue, never a secret
         (brokers with a host name it, e.g. ``redis://host:6379/0 queue=q``)."""
-        return f"{self.system} queue={self.queue}"
+        where = f"{self.system} queue={self.queue}"
+        return f"{where} (in-process only)" if self.in_process else where
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -79,15 +166,30 @@ class Broker(ScheduleMarks, BrokerViews, DebouncedPublish, PriorityShare, FlowSt
         is itself a lease, such as SQS visibility). Others ignore it."""
         return None
 
+    def sibling(self, queue: str) -> Broker:
+        """The broker of another queue beside this one, on the same connection (what
+        ``app.broker_for`` and a worker of several queues use)."""
+        raise ConfigError(
+            f"queue: cannot open queue {queue!r} beside a {type(self).__name__}: give the "
+            "App a broker URL"
+        )
+
     # -- producing -------------------------------------------------------------------------
 
     @abc.abstractmethod
     async def publish(self, jobs: Sequence[Job]) -> None:
-        """Make ``jobs`` available now, in one round trip where the broker allows."""
+        """Make ``jobs`` available now, in one round trip where the broker allows; each
+        job's record reads ``queued``."""
 
     @abc.abstractmethod
     async def schedule(self, jobs: Sequence[Job], run_at: float) -> None:
-        """Make ``jobs`` available at ``run_at`` (seconds since the epoch)."""
+        """Make ``jobs`` available at ``run_at`` (seconds since the epoch); each job's record
+        reads ``delayed`` (``queued`` when ``run_at`` has passed)."""
+
+    def job_id_for(self, route: str | None) -> str:
+        """A new job id for a job whose route (``aqw.flow.route_key``) is ``route``: only a
+        broker that ``routes_jobs`` puts the route into the id."""
+        return new_job_id()
 
     @property
     def keyed_enqueue(self) -> bool:
@@ -96,17 +198,27 @@ class Broker(ScheduleMarks, BrokerViews, DebouncedPublish, PriorityShare, FlowSt
 
     async def publish_unique(self, job: Job, ttl: float, run_at: float | None) -> tuple[str, bool]:
         """Enqueue ``job`` unless a job with its idempotency key (``job.key``) was enqueued
-        within ``ttl`` seconds; the check and the write are atomic. Returns (the job id that
-        holds the key, True when it was a duplicate and nothing was written)."""
+        within ``ttl`` seconds, or finished with a completion record; the check and the
+        write are atomic. Returns (the job id that holds the key, True when it was a
+        duplicate and nothing was written)."""
         raise ConfigError(
             f"the {type(self).__name__} broker cannot enqueue with an idempotency key atomically"
         )
 
+    async def is_completed(self, job: Job) -> bool:
+        """True when ``job``'s idempotency key has a completion record (it finished before;
+        ``aqw.flow.completion_key``: a debounce key has none)."""
+        return False
+
     # -- consuming -------------------------------------------------------------------------
 
     @abc.abstractmethod
-    async def fetch(self, count: int, block: float) -> list[Delivery]:
-        """Up to ``count`` new deliveries, waiting up to ``block`` seconds for the first."""
+    async def fetch(self, count: int, block: float, share: float = 0.0) -> list[Delivery]:
+        """Up to ``count`` new deliveries, waiting up to ``block`` seconds for the first
+        (``block`` <= 0: not at all), highest priority level first. ``share``: about that
+        fraction of the fetches that find several levels waiting start from the lowest
+        waiting level instead (0: strict order; ``aqw.brokers.local.ShareCredit`` counts
+        the turns). Each delivery counts as one more delivery of its job."""
 
     async def reclaim(
         self, count: int, lease_ttl: Callable[[Job | None], float], min_idle: float
@@ -133,8 +245,15 @@ class Broker(ScheduleMarks, BrokerViews, DebouncedPublish, PriorityShare, FlowSt
         return None
 
     @abc.abstractmethod
+    async def keep_alive(self, delivery: Delivery) -> bool:
+        """Keep ``delivery`` ours while its job runs; False when it is no longer ours."""
+
+    # -- leases and the job's start ----------------------------------------------------------
+
+    @abc.abstractmethod
     def lease_backend(self) -> LeaseBackend:
-        """The backend for job leases and handler locks on this broker."""
+        """The backend of resource locks (``ctx.lock``) and the scheduler's and monitor's
+        leases on this queue. Its fencing tokens strictly grow per key."""
 
     def job_lease_key(self, job: Job) -> str:
         """The lease key guarding ``job``."""
@@ -145,12 +264,21 @@ class Broker(ScheduleMarks, BrokerViews, DebouncedPublish, PriorityShare, FlowSt
         return f"aqw:{{{self.queue}}}:lock:{name}"
 
     @abc.abstractmethod
-    async def keep_alive(self, delivery: Delivery) -> bool:
-        """Keep ``delivery`` ours while its job runs; False when it is no longer ours."""
+    def job_lease_backend(
+        self, job: Job, limits: Limits | None = None, delivery: Delivery | None = None
+    ) -> LeaseBackend:
+        """The backend of ``job``'s own lease: its ``acquire`` is the job's start step. In
+        one atomic step it takes the lease (a fencing token greater than every one handed
+        out for the key before) and marks the record running. A start is only for a live
+        delivery: it takes nothing, and writes nothing, when another holder has the lease
+        (None), when ``delivery`` (the one being started) is no longer this consumer's, or
+        the job's record is final (``aqw.StaleStart``; a delivery of an ended job, still
+        ours, is dropped unrun), when the job was cancelled (``aqw.JobCancelled``), or when
+        ``limits`` (only given when ``flow_limits`` is set) refuse it now
+        (``aqw.RateLimited``). ``renew`` moves the record's lease expiry on."""
 
-    # -- settling (each atomic with the release of the job's lease) -------------------------
+    # -- settling: each atomic with the release of the job's lease ---------------------------
 
-    @abc.abstractmethod
     async def ack(
         self,
         delivery: Delivery,
@@ -163,8 +291,14 @@ class Broker(ScheduleMarks, BrokerViews, DebouncedPublish, PriorityShare, FlowSt
         ``record_ttl`` > 0, write its completion record for that many seconds, in the same
         step; its job record takes ``finish``'s state (default: succeeded) and wakes the
         callers waiting for its result. False when another holder owns it now."""
+        end = SUCCEEDED if finish is None else finish
+        if not await self._ack(delivery, job, lease, end, record_ttl):
+            return False
+        book = self._book
+        if book is not None and job is not None:
+            book.finish(job, end.state, end.fields(self.consumer, time.time()), end.keep_for)
+        return True
 
-    @abc.abstractmethod
     async def retry(
         self,
         delivery: Delivery,
@@ -174,9 +308,15 @@ class Broker(ScheduleMarks, BrokerViews, DebouncedPublish, PriorityShare, FlowSt
         failure: Failure | None = None,
     ) -> bool:
         """Replace the delivery with ``job`` (its next attempt) due at ``run_at``; the job's
-        record reads ``retrying`` with ``failure`` as its last error."""
+        record reads ``retrying`` with ``failure`` as its last error. False when another
+        holder owns it now."""
+        if not await self._retry(delivery, job, run_at, lease, failure):
+            return False
+        if self._book is not None:
+            fields = failure_fields(failure) if failure is not None else {}
+            self._book.retrying(job, run_at, fields)
+        return True
 
-    @abc.abstractmethod
     async def dead_letter(
         self,
         delivery: Delivery,
@@ -190,105 +330,79 @@ class Broker(ScheduleMarks, BrokerViews, DebouncedPublish, PriorityShare, FlowSt
         None when the message could not be decoded). The new DLQ entry's id (what
         ``dlq_get`` and ``aqw dlq show`` take), or None when another holder owns it now.
         The job's record reads ``dead`` (for ``keep_for`` seconds) and names the entry."""
+        entry = await self._dead_letter(delivery, job, failure, attempts, lease, keep_for)
+        if entry is not None and job is not None and self._book is not None:
+            fields = Finish(failure=failure).fields(failure.worker or self.consumer, time.time())
+            self._book.finish(job, "dead", {**fields, "dlq_entry": entry}, keep_for)
+        return entry
 
-    @abc.abstractmethod
-    async def requeue(
+    async def give_back(
         self, delivery: Delivery, lease: Lease | None, job: Job | None = None
     ) -> bool:
         """Give an unfinished delivery back for immediate redelivery (same attempt); the
         record of ``job``, when given and running, reads ``queued`` again."""
+        if not await self._give_back(delivery, lease, job):
+            return False
+        if job is not None and self._book is not None:
+            self._book.given_back(job.id)
+        return True
 
     async def defer(self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None) -> bool:
         """Put ``job`` off until ``run_at`` without spending an attempt (a limit refused its
         start, or its handler raised ``aqw.RateLimited``), replacing the delivery in one step;
-        its record reads ``delayed``. False when another holder owns it now. This default is
-        a ``retry`` of the same attempt (its record reads ``retrying``)."""
-        return await self.retry(delivery, job, run_at, lease)
+        its record reads ``delayed``. False when another holder owns it now."""
+        if not await self._defer(delivery, job, run_at, lease):
+            return False
+        if self._book is not None:
+            self._book.deferred(job, run_at)
+        return True
 
-    async def is_completed(self, job: Job) -> bool:
-        """True when ``job``'s idempotency key has a completion record (it finished before)."""
-        return False
+    # The steps under the methods above: each one atomic step on the broker that releases
+    # the job's lease with it, refused (False, or None for ``_dead_letter``), touching
+    # nothing, when another holder owns the job now: its lease holds another token, or,
+    # without a held lease, the delivery is no longer this consumer's.
 
-    # -- job records (``aqw/record.py``): these defaults keep them in the process -----------
-    # (``local_records``); brokers with a shared store write them in the same atomic steps
-    # that move the job (publish, the lease taken by ``job_lease_backend``, ack, retry,
-    # dead_letter, requeue) and override all of these and the running-job states below.
+    @abc.abstractmethod
+    async def _ack(
+        self,
+        delivery: Delivery,
+        job: Job | None,
+        lease: Lease | None,
+        finish: Finish,
+        record_ttl: float,
+    ) -> bool: ...
 
-    def job_lease_backend(self, job: Job, delivery: Delivery | None = None) -> LeaseBackend:
-        """The backend of ``job``'s own lease. Its ``acquire`` also marks the job running,
-        in the same step, and raises ``aqw.JobCancelled`` (taking nothing) when the job
-        was cancelled before it started. With ``delivery`` (the one being started), it
-        raises ``StaleStart``, taking nothing, when the delivery is no longer this
-        consumer's or the job has ended (a delivery of an ended job is dropped unrun).
-        This default is ``local_start``'s."""
-        return self.local_start(job, delivery)
+    @abc.abstractmethod
+    async def _retry(
+        self,
+        delivery: Delivery,
+        job: Job,
+        run_at: float,
+        lease: Lease | None,
+        failure: Failure | None,
+    ) -> bool: ...
 
-    def local_start(self, job: Job, delivery: Delivery | None = None) -> LocalStartGuard:
-        """``job_lease_backend`` for brokers whose job records are ``local_records``: the
-        delivery is checked with ``keep_alive`` and dropped with an ``ack`` naming no job."""
-        check = None if delivery is None else partial(self._still_ours, delivery)
-        return LocalStartGuard(self.lease_backend(), self.local_records, job, self.consumer, check)
+    @abc.abstractmethod
+    async def _dead_letter(
+        self,
+        delivery: Delivery,
+        job: Job | None,
+        failure: Failure,
+        attempts: int,
+        lease: Lease | None,
+        keep_for: float,
+    ) -> str | None: ...
 
-    async def _still_ours(self, delivery: Delivery, drop: bool) -> bool:
-        """``LocalStartGuard``'s check of ``delivery``: True while it is ours; ``drop``: its
-        job has ended, so settle it unrun (no record is touched)."""
-        if drop:
-            return await self.ack(delivery, None, None)
-        return await self.keep_alive(delivery)
+    @abc.abstractmethod
+    async def _give_back(
+        self, delivery: Delivery, lease: Lease | None, job: Job | None
+    ) -> bool: ...
 
-    async def record(self, job_id: str) -> JobInfo | None:
-        """The job's record, or None when there is none (unknown id, or expired)."""
-        return self.local_records.info(job_id)
-
-    async def cancel(self, job_id: str, keep_for: float = DEFAULT_KEEP_FOR) -> CancelOutcome:
-        """Cancel a job: ``"cancelled"`` (not started: it never will), ``"cancelling"``
-        (running: its handler is stopped at its next lease renewal), ``"finished"`` (it had
-        ended: nothing changes) or ``"unknown"`` (no record of it)."""
-        return self.local_records.cancel(job_id, keep_for)
-
-    async def cancel_requested(self, job_id: str) -> bool:
-        """True when ``app.cancel`` asked for the running job ``job_id`` to stop."""
-        return self.local_records.cancel_requested(job_id)
-
-    async def wait_finished(self, job_id: str, timeout: float | None) -> JobInfo:
-        """The job's record once it has ended, waiting up to ``timeout`` seconds (None: no
-        limit) without polling. Raises ``aqw.UnknownJob`` (no record) or ``TimeoutError``."""
-        return await self.local_records.wait(job_id, timeout)
-
-    # -- running-job states (shaped as ``RunningJob.state``), read from the records: a job runs
-    # while its record says so (after its worker died, until another takes it over)
-
-    async def set_job_state(self, job_id: str, state: dict[str, str], ttl: float) -> None:
-        """Write ``state``'s progress, message and lease expiry into the job's record while
-        it runs under ``state``'s fencing token (never a finished record); ``ttl`` unused."""
-        self.local_records.set_running_state(job_id, state)
-
-    async def clear_job_state(self, job_id: str) -> None:
-        """Nothing to do: the job's end (ack, retry, ...) moved its record on."""
-        return None
-
-    async def job_state(self, job_id: str) -> dict[str, str] | None:
-        """The state of a running job, or None."""
-        return self.local_records.running_state(job_id)
-
-    async def job_states(self, limit: int = 1000) -> list[dict[str, str]]:
-        """The states of up to ``limit`` running jobs."""
-        return self.local_records.running_states(limit)
-
-    # -- worker heartbeats (what `aqw status` and the monitor read) -------------------------
-
-    async def publish_heartbeat(self, worker: str, data: dict[str, Any], ttl: float) -> None:
-        """Publish a worker's summary for ``ttl`` seconds. This default keeps it in the
-        broker object; shared brokers store it centrally so any process can read it."""
-        self.local_status.publish_heartbeat(worker, data, ttl)
-
-    async def heartbeats(self) -> list[dict[str, Any]]:
-        """The summaries of the workers that published one recently."""
-        return self.local_status.heartbeats()
-
-    async def remove_heartbeat(self, worker: str) -> None:
-        """Withdraw a stopped worker's summary."""
-        self.local_status.remove_heartbeat(worker)
+    async def _defer(
+        self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None
+    ) -> bool:
+        """By default a ``_retry`` of the same attempt, with no error."""
+        return await self._retry(delivery, job, run_at, lease, None)
 
     # -- inspection ------------------------------------------------------------------------
 
@@ -313,7 +427,8 @@ class Broker(ScheduleMarks, BrokerViews, DebouncedPublish, PriorityShare, FlowSt
     @abc.abstractmethod
     async def dlq_replay(self, entries: Sequence[tuple[str, Job]]) -> int:
         """Put the given (DLQ entry id, job) pairs back on the queue and remove them from
-        the DLQ atomically; returns how many were replayed."""
+        the DLQ atomically; each job's record reads ``queued`` again. Returns how many were
+        replayed."""
 
     @abc.abstractmethod
     async def dlq_delete(self, entry_ids: Sequence[str]) -> int:

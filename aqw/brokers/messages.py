@@ -1,11 +1,12 @@
-"""What a broker hands out and takes back: deliveries, queue depths, failures, finishes and
-dead-letter entries. Plain values, shared by every broker and the runtime."""
+"""What a broker hands out and takes back: deliveries, queue depths, failures, finishes,
+dead-letter entries, depth samples, delayed jobs, schedule marks and cancel outcomes. Plain
+values, shared by every broker, its parts and the runtime."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 from ..job import Job
 from ..record import DEFAULT_KEEP_FOR
@@ -96,6 +97,10 @@ class Finish:
         return out
 
 
+#: The finish of a plain success: what ``Broker.ack`` uses when given none.
+SUCCEEDED = Finish()
+
+
 def failure_fields(failure: Failure) -> dict[str, str]:
     """The record fields of a job's last error."""
     return {
@@ -148,3 +153,75 @@ class DeadJob:
             "data": self.data.decode("utf-8", "replace"),
             **({"damaged": list(self.damaged)} if self.damaged else {}),
         }
+
+
+#: What ``JobRecords.cancel`` did: ``"cancelled"`` (not started: it never will),
+#: ``"cancelling"`` (running: stopped at its next lease renewal), ``"finished"`` (it had
+#: ended: nothing changes) or ``"unknown"`` (no record of it).
+CancelOutcome = Literal["cancelled", "cancelling", "finished", "unknown"]
+
+
+class ScheduleMark(NamedTuple):
+    """A periodic task's last tick handled (seconds since the epoch), and the id of the job
+    last enqueued for it ("" when none is known)."""
+
+    tick: float
+    job_id: str = ""
+
+    def encode(self) -> str:
+        return f"{self.tick!r} {self.job_id}".rstrip()
+
+    @classmethod
+    def decode(cls, text: str) -> ScheduleMark | None:
+        """The mark stored as ``text``; None when it does not parse."""
+        tick, _, job_id = text.strip().partition(" ")
+        try:
+            return cls(float(tick), job_id)
+        except ValueError:
+            return None
+
+
+#: Seconds of one depth sample: however many workers beat, a queue gets one per bucket.
+DEPTH_BUCKET = 10
+#: Seconds of depth history kept (older samples are trimmed as new ones are written).
+DEPTH_KEEP = 7200
+#: Most samples a history holds (``DEPTH_KEEP / DEPTH_BUCKET``).
+DEPTH_SAMPLES = DEPTH_KEEP // DEPTH_BUCKET
+
+
+def bucket_of(at: float) -> int:
+    """The start of the depth bucket holding ``at``."""
+    return int(at) // DEPTH_BUCKET * DEPTH_BUCKET
+
+
+class DepthSample(NamedTuple):
+    """A queue's depth at the start of one bucket (seconds since the epoch)."""
+
+    at: float
+    waiting: int
+    in_flight: int
+    delayed: int
+    dead: int
+
+    def encode(self) -> str:
+        return f"{int(self.at)} {self.waiting} {self.in_flight} {self.delayed} {self.dead}"
+
+    @classmethod
+    def decode(cls, text: str) -> DepthSample | None:
+        """The sample stored as ``text``; None when it does not parse."""
+        parts = text.split()
+        if len(parts) != 5:
+            return None
+        try:
+            at, *counts = (int(p) for p in parts)
+        except ValueError:
+            return None
+        return cls(float(at), *counts)
+
+
+class DelayedJob(NamedTuple):
+    """One member of the delayed set: the job's wire form and when it is due (seconds since
+    the epoch, on every broker)."""
+
+    due: float
+    data: bytes

@@ -9,8 +9,8 @@ import time
 from typing import Any
 
 from .._text import printable
-from ..schedules import schedule_rows
 from ..status import render_time
+from ..timetable import schedule_rows
 from ._common import CliError, add_log_options, add_target, resolve_app
 
 
@@ -35,7 +35,7 @@ async def run(args: argparse.Namespace) -> int:
         rows = await schedule_rows(app, now)
         # Every worker of the app runs the scheduler (one of them leads): with none
         # running, no tick is enqueued, whatever the next tick says.
-        running = bool(rows) and bool(await app.broker.heartbeats())
+        running = bool(rows) and bool(await app.broker.status.heartbeats())
     finally:
         await app.close()
     if args.json:

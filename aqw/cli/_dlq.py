@@ -16,9 +16,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from .._text import plural, printable
-from ..app import App
+from ..app import App, DeadLetters, dead_job_json
 from ..brokers.base import DeadJob
-from ..dlq import DeadLetters, dead_job_json
 from ..errors import ConfigError
 from ..status import render_time
 from ._common import (

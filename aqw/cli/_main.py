@@ -34,6 +34,7 @@ from . import _job as job_cli
 from . import _monitor as monitor_cli
 from . import _status as status_cli
 from . import _worker as worker_cli
+from . import bench as bench_cli
 from ._common import (
     EXIT_INTERRUPTED,
     CliError,
@@ -44,7 +45,6 @@ from ._common import (
     log_options,
     setup_logging,
 )
-from .bench import _main as bench_cli
 
 #: Exit status: done; failed (unreachable broker, an error of aqw); a usage or set-up error.
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2

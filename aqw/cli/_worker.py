@@ -16,7 +16,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from .._text import error_line
-from ..brokers.base import Broker
+from ..brokers.base import DEFAULT_PRIORITY_SHARE
 from ..brokers.multi import queue_plan
 from ..errors import BrokerUnavailable, ConfigError, extra_hint
 from ..telemetry import configure_otel, shutdown_otel
@@ -247,7 +247,7 @@ async def run(args: argparse.Namespace) -> int:
     queues: str | None = args.queues or os.environ.get("AQW_QUEUES") or None
     share: float | None = args.priority_share
     if share is None:
-        share = env_float("AQW_PRIORITY_SHARE", Broker.priority_share, minimum=0.0)
+        share = env_float("AQW_PRIORITY_SHARE", DEFAULT_PRIORITY_SHARE, minimum=0.0)
     worker = app.worker(
         concurrency=concurrency,
         prefetch=prefetch,

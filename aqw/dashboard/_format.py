@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from markupsafe import Markup
 
-from .._damage import to_float
+from .._readback import to_float
 from .._redact import redact_error
 from ..status import render_span
 

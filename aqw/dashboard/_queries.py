@@ -11,18 +11,16 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .._damage import split_heartbeats, to_float, to_int
+from .._readback import split_heartbeats, to_float, to_int
+from ..app import DeadLetters
 from ..brokers import CancelOutcome
 from ..brokers.base import Broker, DeadJob
-from ..brokers.partitioned import PartitionedBroker
-from ..brokers.redis import RedisBroker
-from ..dlq import DeadLetters
 from ..job import Job
 from ..monitor import is_monitor_heartbeat
 from ..record import JobInfo
-from ..schedules import SchedulesApp, schedule_rows
 from ..status import gather_status
 from ..task import Task
+from ..timetable import SchedulesApp, schedule_rows
 from ._format import reason
 
 #: Entries per page of the running, delayed and dead-letter lists.
@@ -83,9 +81,10 @@ async def overview(app: DashboardApp) -> dict[str, Any]:
     """The overview: ``aqw status``'s numbers, the retrying jobs among the ``RETRY_SCAN``
     soonest due, and the depth history of the last ``CHART_SPAN`` seconds."""
     status = await gather_status(app.broker)
-    soon = await app.broker.delayed_page(0, RETRY_SCAN)
+    views = app.broker.history  # None: the broker keeps no history (SQS)
+    soon = await views.delayed_page(0, RETRY_SCAN) if views is not None else []
     retrying = sum(1 for d in soon if (job := decode(d.data)) is not None and job.attempt > 1)
-    history = await app.broker.depth_history(time.time() - CHART_SPAN)
+    history = await views.since(time.time() - CHART_SPAN) if views is not None else []
     return {
         "status": status,
         "retrying": retrying,
@@ -97,7 +96,7 @@ async def overview(app: DashboardApp) -> dict[str, Any]:
 async def workers(app: DashboardApp) -> list[dict[str, Any]]:
     """The live workers from their heartbeats (one read, as ``aqw status``), by name; the
     monitor's heartbeat and damaged ones are left out."""
-    beats, _ = split_heartbeats(await app.broker.heartbeats())
+    beats, _ = split_heartbeats(await app.broker.status.heartbeats())
     rows = [
         {
             "worker": b.get("worker", ""),
@@ -117,7 +116,7 @@ async def workers(app: DashboardApp) -> list[dict[str, Any]]:
 
 async def running(app: DashboardApp) -> dict[str, Any]:
     """Up to ``PAGE`` running jobs (oldest start first), with the in-flight total."""
-    states = await app.broker.job_states(PAGE)
+    states = await app.broker.records.running_states(PAGE)
     depth = await app.broker.depth()
     rows = [
         {
@@ -134,7 +133,8 @@ async def running(app: DashboardApp) -> dict[str, Any]:
 
 async def delayed(app: DashboardApp, start: int) -> dict[str, Any]:
     """One page of the delayed set (retries included), soonest due first."""
-    page = await app.broker.delayed_page(start, PAGE)
+    views = app.broker.history
+    page = await views.delayed_page(start, PAGE) if views is not None else []
     depth = await app.broker.depth()
     rows = []
     for item in page:
@@ -157,7 +157,7 @@ async def schedules(app: DashboardApp) -> dict[str, Any]:
     rows = await schedule_rows(app)
     leader = None
     if rows:
-        beats, _ = split_heartbeats(await app.broker.heartbeats())
+        beats, _ = split_heartbeats(await app.broker.status.heartbeats())
         leaders = sorted(str(b.get("worker")) for b in beats if b.get("scheduler_leader") is True)
         leader = leaders[0] if leaders else None
     return {"rows": rows, "leader": leader}
@@ -229,22 +229,13 @@ async def job_detail(app: DashboardApp, job_id: str) -> dict[str, Any]:
 
 
 async def redis_health(broker: Broker) -> dict[str, Any]:
-    """Used, peak and max memory and the eviction policy (one ``INFO memory``); ``error``
-    says why they are not known (not Redis, or a server without INFO)."""
-    if not isinstance(broker, RedisBroker | PartitionedBroker):
+    """Used, peak and max memory and the eviction policy of the broker's server
+    (``broker.server``); ``error`` says why they are not known (no server, or no INFO)."""
+    if broker.server is None:
         return {"error": f"the {broker.system} broker has no Redis server"}
     try:
-        info: Any = await broker.client.info("memory")
+        return await broker.server.health()
     except broker.transient_errors:
         raise  # the broker is down: the broker-down page says so
     except Exception as exc:  # fakeredis has no INFO; a proxy may refuse it
         return {"error": f"INFO memory is not available: {reason(exc)}"}
-    policy = str(info.get("maxmemory_policy", "?"))
-    return {
-        "error": None,
-        "used": to_int(info.get("used_memory"), 0),
-        "peak": to_int(info.get("used_memory_peak"), 0),
-        "max": to_int(info.get("maxmemory"), 0),
-        "policy": policy,
-        "evicting": policy != "noeviction",
-    }

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from ..brokers._views import DepthSample
+from ..brokers.messages import DepthSample
 
 WIDTH, HEIGHT = 720, 200
 LEFT, RIGHT, TOP, BOTTOM = 48, 12, 12, 28

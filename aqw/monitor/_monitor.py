@@ -43,8 +43,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._damage import split_heartbeats, to_float
 from .._ids import consumer_name
+from .._readback import split_heartbeats, to_float
 from .._text import printable
 from ..brokers.base import Broker
 from ..errors import BrokerUnavailable, ConfigError, LeaseLost, LeaseUnavailable
@@ -185,13 +185,13 @@ class Monitor:
             self._connected = True
         now = self.clock()
         depth = await self.broker.depth()
-        beats, damage = split_heartbeats(await self.broker.heartbeats())
+        beats, damage = split_heartbeats(await self.broker.status.heartbeats())
         if damage != self._damage_seen:  # said once, not every interval
             for note in damage:
                 log.warning("monitor %s: %s (left out)", self.name, printable(note))
             self._damage_seen = damage
         workers = [b for b in beats if not is_monitor_heartbeat(b)]
-        states = await self.broker.job_states()
+        states = await self.broker.records.running_states()
         firing: dict[str, Alert] = {}
         for alert in (
             *check_depth(self, self._baseline, now, depth.waiting),
@@ -329,12 +329,14 @@ class Monitor:
             },
         }
         ttl = max(3 * self.interval, 2 * self.lease_ttl)
-        await self.broker.publish_heartbeat(self.heartbeat_name, data, ttl=ttl)
+        await self.broker.status.publish_heartbeat(self.heartbeat_name, data, ttl=ttl)
+        if self.broker.history is not None:  # the queue's depth sample of this bucket
+            await self.broker.history.sample(time.time())
 
     async def _restore(self) -> None:
         """Take over the state the previous active monitor published, if newer than ours."""
         try:
-            beats = await self.broker.heartbeats()
+            beats = await self.broker.status.heartbeats()
         except Exception as exc:
             log.warning("monitor %s: could not read the previous state (%r)", self.name, exc)
             return

@@ -9,7 +9,7 @@ from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .._damage import to_float, to_int
+from .._readback import to_float, to_int
 from .._text import printable
 from ..task import Task
 from ._sinks import Alert
@@ -140,7 +140,7 @@ def check_stuck(
     for beat in workers:
         for job in beat.get("stuck") or []:
             if not isinstance(job, dict) or not isinstance(job.get("job_id"), str):
-                continue  # damaged (aqw._damage.heartbeat_damage leaves such beats out)
+                continue  # damaged (aqw._readback.heartbeat_damage leaves such beats out)
             sla = to_float(job.get("sla"), 0.0)
             running_for = now - to_float(job.get("started_at"), now)
             if sla <= 0 or running_for <= m.stuck_factor * sla:

@@ -1,6 +1,7 @@
-"""Flow control in the job path: the limits a job starts under, the check that the broker can
-enforce the tasks' limits, and the settle step of a job put off (``Broker.defer``): a start
-refused by a rate limit or a per-key cap, or a handler that raised ``aqw.RateLimited``.
+"""Flow control in the job path: the limits a job starts under, and the settle step of a job
+put off (``Broker.defer``): a start refused by a rate limit or a per-key cap, or a handler
+that raised ``aqw.RateLimited``. (Whether the broker enforces the tasks' limits is checked at
+worker start: ``_needs.py``.)
 
 A deferral is normal flow, not a failure: it is logged at DEBUG, counted in the worker's
 stats (``deferred``) and in ``aqw.jobs.deferred`` with its ``reason``, and spends no attempt.
@@ -10,13 +11,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
 from ..brokers.base import Broker, Delivery
 from ..context import job_fields
-from ..errors import ConfigError, RateLimited
+from ..errors import RateLimited
 from ..job import Job
 from ..lease import Lease, LeaseBackend
 from ..task import Task
@@ -26,30 +26,18 @@ from ._settle import Settler
 log = logging.getLogger("aqw.worker")
 
 
-def check_limits(broker: Broker, tasks: Mapping[str, Task[Any]]) -> None:
-    """Refuse, at worker start, a task whose rate limit or per-key cap ``broker`` cannot
-    enforce across workers (SQS: no shared store for them)."""
-    if broker.enforces_limits:
-        return
-    for name, task in tasks.items():
-        for option in task.options.flow.options:
-            raise ConfigError(
-                f"task {name!r}: {option} needs a broker that enforces it across workers "
-                f"(redis:// or memory://); the {type(broker).__name__} broker does not"
-            )
-
-
 def start_backend(
     broker: Broker, task: Task[Any], job: Job, payload: Any, delivery: Delivery
 ) -> LeaseBackend:
-    """The backend of ``job``'s lease, which starts ``delivery`` only while it is still this
-    consumer's: under its limits (the task's, and the implicit cap of a debounced job,
-    ``_flow.debounce_cap``) when the broker enforces them."""
-    if broker.enforces_limits:
+    """The backend of ``job``'s lease, its start step, which starts ``delivery`` only while it
+    is still this consumer's: under its limits (the task's, and the implicit cap of a
+    debounced job, ``aqw.flow.debounce_cap``) when the broker enforces them
+    (``broker.flow_limits``)."""
+    if broker.flow_limits is not None:
         limits = task.options.flow.limits(task.name, payload, job)
         if limits:
-            return broker.limited_lease_backend(job, limits, delivery)
-    return broker.job_lease_backend(job, delivery)
+            return broker.job_lease_backend(job, limits, delivery)
+    return broker.job_lease_backend(job, None, delivery)
 
 
 async def defer(

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from .._version import __version__
+from ..brokers.base import Broker
 from ..lease import LeaseKeeper
 from ..task import Task
 from ..telemetry import EVENT_STUCK, Telemetry
@@ -52,6 +53,14 @@ class Worker(Protocol):
 
 
 log = logging.getLogger("aqw.worker")
+
+
+async def publish_beat(broker: Broker, worker: str, data: dict[str, Any], ttl: float) -> None:
+    """Publish ``worker``'s summary for ``ttl`` seconds (``broker.status``), and the queue's
+    depth sample of this bucket unless it has one (``broker.history``)."""
+    await broker.status.publish_heartbeat(worker, data, ttl)
+    if broker.history is not None:
+        await broker.history.sample(time.time())
 
 
 def stuck_jobs(worker: Worker) -> list[dict[str, Any]]:

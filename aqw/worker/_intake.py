@@ -55,6 +55,7 @@ class Intake:
         min_ttl: float,
         outage: Outage | None = None,
         retry_due: Callable[[], float] = lambda: 0.0,
+        share: float = 0.0,
     ) -> None:
         self.broker = broker
         self.slots = slots
@@ -68,6 +69,8 @@ class Intake:
         self.transient = broker.transient_errors
         self.next_due: float | None = None
         self.retry_due = retry_due
+        #: The lower priority levels' share of fetches (``Broker.fetch``).
+        self.share = share
         self._idle_fetches = 0
 
     async def fetch_loop(self) -> None:
@@ -81,7 +84,7 @@ class Intake:
                 continue
             try:
                 fetch_started = now_ns() if self.tel.tracing else 0
-                deliveries = await self.broker.fetch(want, block=0.25 if self.burst else 2.0)
+                deliveries = await self.broker.fetch(want, 0.25 if self.burst else 2.0, self.share)
                 if fetch_started and deliveries:
                     received = (fetch_started, now_ns())
                     for delivery in deliveries:

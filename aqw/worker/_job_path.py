@@ -36,9 +36,10 @@ from ..lease import Lease, LeaseKeeper
 from ..task import Task
 from ..telemetry import Telemetry, now_ns
 from ._backoff import Backoff
-from ._deferring import check_limits, defer, start_backend
+from ._deferring import defer, start_backend
 from ._handler import Outcome, describe, run_handler
 from ._log_lines import SUCCEEDED, attempt_fields
+from ._needs import check_limits
 from ._running import RunningJob, RunningJobs, WorkerStats
 from ._settle import Settler
 from ._stats import SlidingStats
@@ -303,7 +304,7 @@ class JobPath:
         expiry on): keep the delivery ours, and stop the handler when ``app.cancel`` asked
         for it (sent in the same round trip)."""
         alive, cancel = await asyncio.gather(
-            self.broker.keep_alive(delivery), self.broker.cancel_requested(job_id)
+            self.broker.keep_alive(delivery), self.broker.records.cancel_requested(job_id)
         )
         if alive and cancel:
             self.running.cancel(job_id)

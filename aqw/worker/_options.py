@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from ..brokers.base import Broker, QueueDepth
+from ..brokers.base import Broker, QueueDepth, check_priority_share
 from ..brokers.multi import MultiBroker, queue_of, queue_plan
 from ..errors import ConfigError
 from ._job_path import JobPath
@@ -24,8 +24,11 @@ class QueuesApp(Protocol):
     def broker_for(self, queue: str) -> Broker: ...
 
 
-def check_options(concurrency: object, prefetch: object, grace: float, heartbeat: float) -> None:
+def check_options(
+    concurrency: object, prefetch: object, grace: float, heartbeat: float, share: object
+) -> None:
     """Refuse a bad worker option with a message naming it."""
+    check_priority_share(share)
     if not isinstance(concurrency, int) or concurrency < 1:
         raise ConfigError(f"worker concurrency must be an integer >= 1, got {concurrency!r}")
     if not isinstance(prefetch, int) or prefetch < 0:
@@ -60,11 +63,9 @@ def route(paths: Mapping[str, JobPath], queues: Sequence[str]) -> Runner:
     return lambda delivery: paths[queue_of(delivery, first)].process(delivery)
 
 
-async def depths_of(broker: Broker) -> dict[str, QueueDepth]:
-    """The depth of each queue ``broker`` consumes, by name."""
-    if isinstance(broker, MultiBroker):
-        return await broker.depths()
-    return {broker.queue: await broker.depth()}
+async def depths_of(paths: Mapping[str, JobPath]) -> dict[str, QueueDepth]:
+    """The depth of each queue served, by name (each on its own queue's broker)."""
+    return {name: await path.broker.depth() for name, path in paths.items()}
 
 
 def depth_readings(

@@ -148,7 +148,7 @@ class RunningJobs:
 
     A job's record reads ``running`` from the step that took its lease, and each renewal
     moves its lease expiry on; once it has run ``STATE_AFTER`` seconds, or reports progress,
-    its state is published (``broker.set_job_state``), which lists it among the running
+    its state is published (``broker.records.set_running_state``), which lists it among the running
     jobs; its settle step writes how it ended."""
 
     def __init__(
@@ -205,7 +205,7 @@ class RunningJobs:
 
     async def publish(self, run: RunningJob) -> None:
         run.published = True
-        await self._broker.set_job_state(run.job.id, run.state(self._worker), run.lease.ttl)
+        await self._broker.records.set_running_state(run.job.id, run.state(self._worker))
 
     async def report_progress(self, job_id: str, fraction: float, message: str) -> None:
         """Record a running job's progress and publish its state at once, best effort: a

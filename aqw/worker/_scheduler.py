@@ -3,7 +3,7 @@
 Every worker runs one; they compete for a leader lease (``aqw.Lease`` on the broker's
 ``lease_backend()``, key ``lock_key("aqw-scheduler")``, renewed), and only the leader
 enqueues. The leader computes the due ticks from its own clock and each task's persisted mark
-(the last tick handled, ``Broker.schedule_marks``), so a new leader resumes where the last
+(the last tick handled, ``broker.marks``), so a new leader resumes where the last
 one stopped, catching up at most ``catch_up`` missed ticks. Every tick is enqueued with the
 idempotency key ``cron:<task>:<tick>``, so even two overlapping leaders (a paused ex-leader
 that wakes up) write one job per tick.
@@ -145,7 +145,7 @@ class Scheduler:
         and tried again with backoff, and the others go on; a broker error (an outage for
         all) is raised for ``_lead`` to report."""
         now = time.time() if now is None else now
-        marks = await self.broker.schedule_marks()
+        marks = await self.broker.marks.read()
         upcoming: list[float] = []
         for name, task in self.periodic.items():
             schedule = task.options.schedule
@@ -171,7 +171,7 @@ class Scheduler:
     ) -> None:
         if mark is None:  # a new schedule starts at its next tick
             latest = schedule.latest(now)
-            await self.broker.set_schedule_mark(name, ScheduleMark(latest or now))
+            await self.broker.marks.advance(name, ScheduleMark(latest or now))
             return
         await self._enqueue_ticks(task, schedule, mark, now)
 
@@ -229,10 +229,10 @@ class Scheduler:
                         when,
                     )
                 last_job = str(enqueued)
-            await self.broker.set_schedule_mark(task.name, ScheduleMark(tick, last_job))
+            await self.broker.marks.advance(task.name, ScheduleMark(tick, last_job))
 
     async def _ended(self, job_id: str) -> bool:
-        info = await self.broker.record(job_id)
+        info = await self.broker.records.record(job_id)
         return info is None or info.finished
 
     async def _sleep(self, seconds: float) -> None:

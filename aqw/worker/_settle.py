@@ -309,7 +309,7 @@ class Settler:
     async def give_back(self, delivery: Delivery, job: Job | None = None) -> None:
         """Hand an unfinished delivery back for immediate redelivery (a shutdown, or a lease
         that could not be taken): the same attempt, no attempt spent."""
-        give = asyncio.ensure_future(self.broker.requeue(delivery, None, job))
+        give = asyncio.ensure_future(self.broker.give_back(delivery, None, job))
         try:
             if await asyncio.shield(give):
                 self.stats.requeued += 1

@@ -69,7 +69,7 @@ class Slots:
         while self._buffer:
             delivery = self._buffer.popleft()
             with contextlib.suppress(Exception):
-                await broker.requeue(delivery, None)
+                await broker.give_back(delivery, None)
 
     async def cancel(self, pending: set[asyncio.Task[None]], grace: float, within: float) -> None:
         """Cancel jobs still running after the grace period (they hand themselves back for

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from .._ids import consumer_name
 from .._text import plural
-from ..brokers.base import Broker, QueueDepth
+from ..brokers.base import DEFAULT_PRIORITY_SHARE, Broker, QueueDepth
 from ..cache import Cache
 from ..context import Context
 from ..errors import BrokerUnavailable, ConfigError
@@ -27,11 +27,12 @@ from ..lease import Lease, LeaseKeeper
 from ..task import Task
 from ..telemetry import Telemetry
 from ._failures import ErrorTracker, RunawayGuard
-from ._heartbeat import report_stuck, stuck_jobs, summary
+from ._heartbeat import publish_beat, report_stuck, stuck_jobs, summary
 from ._intake import Intake
 from ._job_path import JobPath
 from ._locks import ResourceLock
 from ._log_lines import Hints, log_started, log_stopped
+from ._needs import check_shared_parts
 from ._options import check_options, consumed_broker, depth_readings, depths_of, route
 from ._outage import Outage
 from ._running import RunningJobs, WorkerStats
@@ -89,9 +90,9 @@ class Worker:
         name: str | None = None,
         heartbeat: float = 5.0,
         queues: Sequence[str] | Mapping[str, float] | None = None,
-        priority_share: float = Broker.priority_share,
+        priority_share: float = DEFAULT_PRIORITY_SHARE,
     ) -> None:
-        check_options(concurrency, prefetch, grace, heartbeat)
+        check_options(concurrency, prefetch, grace, heartbeat, priority_share)
         self.app = app
         self.queues, self.broker = consumed_broker(app, queues)
         self.concurrency = concurrency
@@ -124,7 +125,6 @@ class Worker:
         self.slots = Slots(concurrency, route(self.paths, self.queues))
         for queue in self.queues:
             broker, tel = app.broker_for(queue), app.telemetry_for(queue)
-            broker.set_priority_share(priority_share)  # its lower levels' share of fetches
             settler = Settler(
                 broker,
                 worker=self.name,
@@ -171,6 +171,7 @@ class Worker:
             min_ttl=min(ttls),
             outage=self.outage,
             retry_due=lambda: max(p.settler.retry_due for p in self.paths.values()),
+            share=priority_share,  # its lower priority levels' share of fetches
         )
 
     @property
@@ -217,7 +218,8 @@ class Worker:
             raise RuntimeError("a Worker can be started once")
         if not self.app.tasks:
             raise ConfigError("the app registers no tasks: nothing to run")
-        self.scheduler.check()  # periodic tasks need keyed enqueues
+        self.scheduler.check()  # periodic tasks need keyed enqueues and shared marks
+        check_shared_parts(self.broker, self.app.tasks)
         try:
             await self.broker.connect()
         except self._transient as exc:
@@ -290,7 +292,7 @@ class Worker:
         self.tel.remove_gauges(self._gauges)
         self.tel.flush()  # the histogram values kept since the last collection
         with contextlib.suppress(Exception):
-            await self.broker.remove_heartbeat(self.name)
+            await self.broker.status.remove_heartbeat(self.name)
         if self.handle_signals:
             self._remove_signal_handlers()
         self.state = "stopped"
@@ -333,11 +335,9 @@ class Worker:
             if now - last_beat >= self.heartbeat:
                 last_beat = now
                 try:
-                    await self.broker.publish_heartbeat(
-                        self.name, self.summary(), ttl=self.heartbeat * 3
-                    )
+                    await publish_beat(self.broker, self.name, self.summary(), self.heartbeat * 3)
                     if self.tel.metering:
-                        self._depths = await depths_of(self.broker)
+                        self._depths = await depths_of(self.paths)
                 except self._transient as exc:
                     self.outage.failed("publishing the worker heartbeat", exc)
                 else:

@@ -11,7 +11,7 @@ import uuid
 from urllib.parse import urlsplit, urlunsplit
 
 import aqw
-from aqw.redlock import RedlockBackend
+from aqw.lease.redlock import RedlockBackend
 
 REDIS_URL = os.environ.get("AQW_REDIS_URL", "redis://127.0.0.1:6379/0")
 URLS = [urlunsplit(urlsplit(REDIS_URL)._replace(path=f"/{db}")) for db in (0, 1, 2)]

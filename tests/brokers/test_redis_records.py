@@ -135,7 +135,7 @@ async def test_a_record_from_enqueue_through_progress_to_success(kit: Kit) -> No
         "expires_at": repr(expires),  # fields a job does not have are not written
     }
     assert UNFINISHED_KEEP * 1000 - 10_000 < await kit.ttl_ms(j.id) <= UNFINISHED_KEEP * 1000
-    info = await b.record(j.id)
+    info = await b.records.record(j.id)
     assert info is not None and info.state == "queued" and info.attempts == 0
     assert info.expires_at is not None and abs(info.expires_at.timestamp() - expires) < 1e-3
 
@@ -147,7 +147,9 @@ async def test_a_record_from_enqueue_through_progress_to_success(kit: Kit) -> No
     assert near(f["started_at"], now) and near(f["lease_expires_at"], now + 30)
     assert "progress" not in f and f["enqueued_at"] == repr(j.enqueued_at)
     assert await kit.running_ids() == []  # short jobs never enter the running index
-    await b.set_job_state(j.id, {"fencing_token": str(lease.fencing_token)}, 30)  # published
+    await b.records.set_running_state(
+        j.id, {"fencing_token": str(lease.fencing_token)}
+    )  # published
     assert await kit.running_ids() == [j.id]
     old_shape = {
         "state": "running",
@@ -161,16 +163,18 @@ async def test_a_record_from_enqueue_through_progress_to_success(kit: Kit) -> No
         "progress": "0.0",
         "message": "",
     }
-    assert await b.job_states() == [old_shape]
-    assert await b.job_state(j.id) == old_shape
+    assert await b.records.running_states() == [old_shape]
+    assert await b.records.running_state(j.id) == old_shape
 
     # progress under the job's own fencing token is written; under another, never
     state = {**old_shape, "progress": "0.5", "message": "half", "lease_expires_at": repr(now + 40)}
-    await b.set_job_state(j.id, state, 30)
-    await b.set_job_state(j.id, {**state, "fencing_token": "999999", "message": "stale"}, 30)
+    await b.records.set_running_state(j.id, state)
+    await b.records.set_running_state(
+        j.id, {**state, "fencing_token": "999999", "message": "stale"}
+    )
     f = await kit.fields(j.id)
     assert (f["progress"], f["message"], f["lease_expires_at"]) == ("0.5", "half", repr(now + 40))
-    assert (await b.job_state(j.id) or {})["progress"] == "0.5"
+    assert (await b.records.running_state(j.id) or {})["progress"] == "0.5"
 
     assert await b.ack(delivery, j, lease, finish=Finish(result='{"n": 1}', keep_for=60)) is True
     f = await kit.fields(j.id)
@@ -179,13 +183,13 @@ async def test_a_record_from_enqueue_through_progress_to_success(kit: Kit) -> No
     assert 50_000 < await kit.ttl_ms(j.id) <= 60_000
     assert await kit.running_ids() == []
     assert (await kit.stats())["processed"] == "1"
-    assert await b.job_states() == [] and await b.job_state(j.id) is None
-    info = await b.record(j.id)
+    assert await b.records.running_states() == [] and await b.records.running_state(j.id) is None
+    info = await b.records.record(j.id)
     assert info is not None and info.finished and info.result == {"n": 1} and info.has_result
     assert not await kit.raw.exists(b.keys.lease(j.id))
 
     # a late progress report does not touch the ended record
-    await b.set_job_state(j.id, {**state, "progress": "0.9"}, 30)
+    await b.records.set_running_state(j.id, {**state, "progress": "0.9"})
     assert (await kit.fields(j.id))["progress"] == "0.5"
     assert (await kit.fields(j.id))["state"] == "succeeded"
 
@@ -202,7 +206,7 @@ async def test_retry_then_dead_letter_then_replay(kit: Kit) -> None:
     assert f["traceback"] == "Traceback ..."
     assert await kit.ttl_ms(j.id) > UNFINISHED_KEEP * 1000 - 10_000
     assert await kit.running_ids() == []
-    info = await b.record(j.id)
+    info = await b.records.record(j.id)
     assert info is not None and info.state == "retrying" and info.error is not None
     assert info.error.fingerprint == "fp-1"
 
@@ -218,7 +222,7 @@ async def test_retry_then_dead_letter_then_replay(kit: Kit) -> None:
     assert 50_000 < await kit.ttl_ms(j.id) <= 60_000
     assert await kit.running_ids() == []
     assert (await kit.stats())["dead"] == "1" and (await kit.stats())["retried"] == "1"
-    info = await b.record(j.id)
+    info = await b.records.record(j.id)
     assert info is not None and info.state == "dead" and info.dlq_entry == entry
 
     fresh = j2.model_copy(update={"attempt": 1, "enqueued_at": time.time()})
@@ -236,7 +240,7 @@ async def test_requeue_puts_a_running_record_back_to_queued(kit: Kit) -> None:
     b = kit.broker
     await b.publish([job(3)])
     delivery, j, lease = await start(b)
-    assert await b.requeue(delivery, lease, j) is True
+    assert await b.give_back(delivery, lease, j) is True
     assert (await kit.fields(j.id))["state"] == "queued"
     assert await kit.running_ids() == []
     _, again, _ = await start(b)
@@ -283,7 +287,7 @@ async def test_enqueue_many_schedule_and_unique_write_records(kit: Kit) -> None:
         f = await kit.fields(j.id)
         assert f["state"] == "delayed" and f["run_at"] == repr(run_at)
         assert await kit.ttl_ms(j.id) > (UNFINISHED_KEEP + 50) * 1000
-    info = await b.record(later[0].id)
+    info = await b.records.record(later[0].id)
     assert info is not None and info.state == "delayed"
 
     keyed = job(9, key="order-9")
@@ -300,12 +304,12 @@ async def test_enqueue_many_schedule_and_unique_write_records(kit: Kit) -> None:
 
 async def test_cancel_in_each_state(kit: Kit) -> None:
     b = kit.broker
-    assert await b.cancel("no-such-job") == "unknown"
+    assert await b.records.cancel("no-such-job") == "unknown"
 
     # queued: cancelled at once; the worker that fetches it cannot start it and acks it
     queued = job(1)
     await b.publish([queued])
-    assert await b.cancel(queued.id, keep_for=60) == "cancelled"
+    assert await b.records.cancel(queued.id, keep_for=60) == "cancelled"
     f = await kit.fields(queued.id)
     assert f["state"] == "cancelled" and f["cancel"] == "1" and near(f["finished_at"], time.time())
     # its message still waits in the stream: the record outlives it (as long as unfinished)
@@ -322,33 +326,33 @@ async def test_cancel_in_each_state(kit: Kit) -> None:
     assert await kit.fields(queued.id) == f  # already ended: left as it was, not recounted
     assert (await kit.stats())["cancelled"] == "1"
     assert await kit.raw.xlen(b.keys.stream) == 0
-    assert await b.cancel(queued.id) == "finished"
+    assert await b.records.cancel(queued.id) == "finished"
 
     # delayed and retrying: cancelled too
     delayed = job(2)
     await b.schedule([delayed], time.time() + 60)
-    assert await b.cancel(delayed.id) == "cancelled"
+    assert await b.records.cancel(delayed.id) == "cancelled"
     await b.publish([job(3)])
     delivery, retried, lease = await start(b)
     assert await b.retry(delivery, retried.next_attempt(), time.time() + 60, lease) is True
-    assert await b.cancel(retried.id) == "cancelled"
+    assert await b.records.cancel(retried.id) == "cancelled"
     assert (await kit.fields(retried.id))["state"] == "cancelled"
 
     # running: asked to stop; the record stays running until the worker ends it
     await b.publish([job(4)])
     delivery, running, lease = await start(b)
-    assert await b.cancel_requested(running.id) is False
-    assert await b.cancel(running.id) == "cancelling"
-    assert await b.cancel_requested(running.id) is True
-    assert await b.cancel_requested(delayed.id) is True
-    assert await b.cancel_requested("no-such-job") is False
+    assert await b.records.cancel_requested(running.id) is False
+    assert await b.records.cancel(running.id) == "cancelling"
+    assert await b.records.cancel_requested(running.id) is True
+    assert await b.records.cancel_requested(delayed.id) is True
+    assert await b.records.cancel_requested("no-such-job") is False
     f = await kit.fields(running.id)
     assert f["state"] == "running" and f["cancel"] == "1"
-    info = await b.record(running.id)
+    info = await b.records.record(running.id)
     assert info is not None and info.cancel_requested and not info.finished
     assert await b.ack(delivery, running, lease, finish=Finish(state="cancelled")) is True
     assert (await kit.fields(running.id))["state"] == "cancelled"
-    assert await b.cancel(running.id) == "finished"
+    assert await b.records.cancel(running.id) == "finished"
     assert (await kit.stats())["cancelled"] == "4"
 
 
@@ -365,10 +369,10 @@ async def test_records_expire_after_keep_for(kit: Kit) -> None:
     assert await kit.raw.exists(b.keys.record(done.id), b.keys.record(dead.id)) == 2
     await asyncio.sleep(0.35)
     assert await kit.raw.exists(b.keys.record(done.id), b.keys.record(dead.id)) == 0
-    assert await b.record(done.id) is None
-    assert await b.cancel(done.id) == "unknown"
+    assert await b.records.record(done.id) is None
+    assert await b.records.cancel(done.id) == "unknown"
     with pytest.raises(UnknownJob):
-        await b.wait_finished(done.id, 1.0)
+        await b.records.wait_finished(done.id, 1.0)
 
 
 async def test_settles_refused_for_another_holder_leave_the_record_alone(kit: Kit) -> None:
@@ -394,24 +398,23 @@ async def test_settles_refused_for_another_holder_leave_the_record_alone(kit: Ki
 async def test_progress_never_resurrects_a_record(kit: Kit) -> None:
     b = kit.broker
     state = {"fencing_token": "1", "progress": "0.5", "message": "m", "lease_expires_at": "1.0"}
-    await b.set_job_state("absent", state, 30)
+    await b.records.set_running_state("absent", state)
     assert not await kit.raw.exists(b.keys.record("absent"))
-    await b.clear_job_state("absent")
     await b.publish([job(1)])
     _, j, lease = await start(b)
     mine = {**state, "fencing_token": str(lease.fencing_token)}
     # without a fencing token nothing is written
-    await b.set_job_state(j.id, {k: v for k, v in mine.items() if k != "fencing_token"}, 30)
+    await b.records.set_running_state(j.id, {k: v for k, v in mine.items() if k != "fencing_token"})
     assert "progress" not in await kit.fields(j.id)
     # the record keeps its TTL while more than half of UNFINISHED_KEEP is left...
     keep_ms = int(UNFINISHED_KEEP * 1000)
     await kit.raw.pexpire(b.keys.record(j.id), int(keep_ms * 0.6))
-    await b.set_job_state(j.id, mine, 3600)
+    await b.records.set_running_state(j.id, mine)
     assert (await kit.fields(j.id))["progress"] == "0.5"
     assert await kit.ttl_ms(j.id) <= keep_ms * 0.6
     # ...and gets it again when less is left (a job running for days)
     await kit.raw.pexpire(b.keys.record(j.id), 100_000)
-    await b.set_job_state(j.id, {**mine, "progress": "0.6"}, 3600)
+    await b.records.set_running_state(j.id, {**mine, "progress": "0.6"})
     assert (await kit.fields(j.id))["progress"] == "0.6"
     assert await kit.ttl_ms(j.id) > keep_ms - 10_000
 
@@ -434,11 +437,11 @@ async def test_renewal_moves_the_lease_expiry_and_a_lapsed_job_stays_running(kit
     lapsed = repr(time.time() - 10)
     await kit.raw.hset(b.keys.record(gone.id), "lease_expires_at", lapsed)
     for run, held in ((alive, lease), (gone, lease_g)):  # published: listed as running
-        await b.set_job_state(run.id, {"fencing_token": str(held.fencing_token)}, 30)
-    states = {s["job_id"]: s for s in await b.job_states()}
+        await b.records.set_running_state(run.id, {"fencing_token": str(held.fencing_token)})
+    states = {s["job_id"]: s for s in await b.records.running_states()}
     assert set(states) == {alive.id, gone.id}
     assert states[gone.id]["lease_expires_at"] == lapsed
-    assert len(await b.job_states(limit=1)) == 1
+    assert len(await b.records.running_states(limit=1)) == 1
     assert lease_g.fencing_token > lease.fencing_token
 
 
@@ -446,8 +449,8 @@ async def test_a_job_cancelled_while_running_does_not_run_again(kit: Kit) -> Non
     b = kit.broker
     await b.publish([job(1)])
     delivery, j, lease = await start(b)
-    assert await b.cancel(j.id) == "cancelling"
-    assert await b.requeue(delivery, lease, j) is True  # handed back (a shutdown)
+    assert await b.records.cancel(j.id) == "cancelling"
+    assert await b.give_back(delivery, lease, j) is True  # handed back (a shutdown)
     assert (await kit.fields(j.id))["state"] == "queued"
     [again] = await fetch_n(b, 1)
     with pytest.raises(JobCancelled):
@@ -473,16 +476,16 @@ async def test_damaged_counter_and_records_are_tolerated(kit: Kit) -> None:
     lease = Lease(b.job_lease_backend(j), b.job_lease_key(j))
     await lease.acquire()
     assert lease.fencing_token == 1
-    assert await b.record(j.id) is None
-    assert await b.cancel(j.id) == "unknown"
-    assert await b.cancel_requested(j.id) is False
-    damaged = await b.job_state(j.id)
+    assert await b.records.record(j.id) is None
+    assert await b.records.cancel(j.id) == "unknown"
+    assert await b.records.cancel_requested(j.id) is False
+    damaged = await b.records.running_state(j.id)
     assert damaged is not None and "not a hash" in damaged["damaged"]
     assert await b.ack(delivery, j, lease) is True
     assert await kit.raw.get(b.keys.record(j.id)) == b"not a hash"
     # an id in the running index whose record has ended or gone is dropped from it
     await kit.raw.zadd(b.keys.running, {"ghost": 1.0})
-    assert await b.job_states() == []
+    assert await b.records.running_states() == []
     assert await kit.raw.zscore(b.keys.running, "ghost") is None
 
 
@@ -507,7 +510,7 @@ async def test_many_waiters_share_one_blocked_connection(kit: Kit) -> None:
     leases = [Lease(worker.job_lease_backend(j), worker.job_lease_key(j)) for j in decoded]
     await asyncio.gather(*(lease.acquire() for lease in leases))
 
-    waits = [asyncio.create_task(caller.wait_finished(j.id, 20)) for j in jobs]
+    waits = [asyncio.create_task(caller.records.wait_finished(j.id, 20)) for j in jobs]
 
     async def registered() -> bool:
         pipe = kit.raw.pipeline(transaction=False)
@@ -548,12 +551,12 @@ async def test_waiting_for_an_ended_job_returns_at_once(kit: Kit) -> None:
     delivery, j, lease = await start(b)
     assert await b.ack(delivery, j, lease, finish=Finish(result="7")) is True
     started = time.monotonic()
-    info = await b.wait_finished(j.id, 5)
+    info = await b.records.wait_finished(j.id, 5)
     assert time.monotonic() - started < 1.0
     assert info.state == "succeeded" and info.result == 7
     assert not b.waiters.listening  # nothing to listen for
     with pytest.raises(UnknownJob):
-        await b.wait_finished("no-such-job", 5)
+        await b.records.wait_finished("no-such-job", 5)
 
 
 async def test_a_wait_times_out_and_leaves_the_waiters_set(kit: Kit) -> None:
@@ -562,7 +565,7 @@ async def test_a_wait_times_out_and_leaves_the_waiters_set(kit: Kit) -> None:
     await b.publish([j])
     started = time.monotonic()
     with pytest.raises(TimeoutError):
-        await b.wait_finished(j.id, 0.3)
+        await b.records.wait_finished(j.id, 0.3)
     assert 0.25 < time.monotonic() - started < 2.0
     assert len(b.waiters) == 0
     # the best-effort SREM (sent without waiting) has left the set, so it is gone
@@ -581,11 +584,11 @@ async def test_cancel_and_dead_letter_wake_their_waiters(kit: Kit) -> None:
     caller = kit.new_broker()
     cancelled, dead = job(1), job(2)
     await b.publish([cancelled])
-    waiting = asyncio.create_task(caller.wait_finished(cancelled.id, 10))
+    waiting = asyncio.create_task(caller.records.wait_finished(cancelled.id, 10))
     await eventually(
         _member(kit, caller.keys.waiters(cancelled.id), caller.waiters.inbox), 5, "registered"
     )
-    assert await b.cancel(cancelled.id) == "cancelled"
+    assert await b.records.cancel(cancelled.id) == "cancelled"
     info = await asyncio.wait_for(waiting, 5)
     assert info.state == "cancelled"
 
@@ -593,7 +596,7 @@ async def test_cancel_and_dead_letter_wake_their_waiters(kit: Kit) -> None:
     await b.ack(delivery, cancelled, None, finish=Finish(state="cancelled"))
     await b.publish([dead])
     delivery, j, lease = await start(b)
-    waiting = asyncio.create_task(caller.wait_finished(dead.id, 10))
+    waiting = asyncio.create_task(caller.records.wait_finished(dead.id, 10))
     await eventually(
         _member(kit, caller.keys.waiters(dead.id), caller.waiters.inbox), 5, "registered"
     )
@@ -634,7 +637,7 @@ async def test_the_listener_survives_connection_errors_and_lost_replies(kit: Kit
         return await real(*args, **kwargs)
 
     caller.client.blpop = flaky  # type: ignore[method-assign]
-    waiting = asyncio.create_task(caller.wait_finished(j.id, 10))
+    waiting = asyncio.create_task(caller.records.wait_finished(j.id, 10))
     await eventually(lambda: calls, 5, "a first pop")
     await eventually(_member(kit, caller.keys.waiters(j.id), caller.waiters.inbox), 5, "registered")
     assert await b.ack(delivery, j, lease, finish=Finish(result="3")) is True
@@ -647,7 +650,7 @@ async def test_close_stops_the_listener_and_fails_the_waits(kit: Kit) -> None:
     caller = kit.new_broker()
     j = job(1)
     await kit.broker.publish([j])
-    waiting = asyncio.create_task(caller.wait_finished(j.id, None))
+    waiting = asyncio.create_task(caller.records.wait_finished(j.id, None))
     await eventually(lambda: caller.waiters.listening, 5, "the listener")
     await caller.close()
     assert not caller.waiters.listening

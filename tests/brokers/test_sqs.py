@@ -240,11 +240,11 @@ async def test_a_pause_after_a_receive_cannot_make_a_start_look_safe(
     while not again and time.monotonic() < deadline:
         again += await b.fetch(1, block=1)
     [d2] = again
-    lease_b = aqw.Lease(b.job_lease_backend(sent, d2), b.job_lease_key(sent), ttl=5)
+    lease_b = aqw.Lease(b.job_lease_backend(sent, None, d2), b.job_lease_key(sent), ttl=5)
     await lease_b.acquire()
     assert await b.ack(d2, sent, lease_b) is True
     [d] = await fetching
-    stale = aqw.Lease(a.job_lease_backend(sent, d), a.job_lease_key(sent), ttl=1.5)
+    stale = aqw.Lease(a.job_lease_backend(sent, None, d), a.job_lease_key(sent), ttl=1.5)
     with pytest.raises(StaleStart):
         await stale.acquire()
     assert stale.fencing_token == 0

@@ -23,6 +23,7 @@ import aqw
 from aqw.brokers import from_url
 from aqw.brokers.sqs import RecordsUnavailable, SQSBroker, SQSUnavailable
 from aqw.brokers.sqs._keys import open_store
+from aqw.testing.contract import MarksContract, Subject
 from tests._helpers import PG_DSNS, eventually, free_port, pg_where, redis_url_db, run_burst
 
 from .conftest import AppFactory, SQSKit, broker_of
@@ -79,6 +80,7 @@ async def records(request: pytest.FixtureRequest, queue: str) -> AsyncIterator[s
     conn = await asyncpg.connect(dsn)
     try:
         await conn.execute("DELETE FROM aqw_sqs_keys WHERE queue = $1", queue)
+        await conn.execute("DELETE FROM aqw_sqs_keys_marks WHERE queue = $1", queue)
     finally:
         await conn.close()
 
@@ -334,14 +336,14 @@ async def test_store_down_or_refusing_sends_nothing(
 
 @pytest.mark.timeout(40)
 async def test_local_records_through_a_worker_run(sqs: SQSKit, new_app: AppFactory) -> None:
-    """Records kept by the broker in this process: queued at enqueue, succeeded with its
-    result, dead with its DLQ entry and error, retried attempts counted, and a queued job
-    cancelled here never runs."""
+    """Records kept by the broker in this process: queued at enqueue, succeeded, dead with
+    its DLQ entry and error, retried attempts counted, and a queued job cancelled here never
+    runs. (No results: keep_result needs shared records, and is refused, see below.)"""
     await sqs.create("rec", dead="rec-dead")
     app = new_app(sqs.url("rec", dlq="rec-dead"), retry=aqw.RetryPolicy(max_retries=1, base=0.05))
     ran: list[str] = []
 
-    @app.task(name="double", keep_result=True)
+    @app.task(name="double")
     async def double(n: int, ctx: aqw.Context) -> int:
         ran.append(ctx.job_id)
         if n == 3 and ctx.attempt == 1:
@@ -366,12 +368,12 @@ async def test_local_records_through_a_worker_run(sqs: SQSKit, new_app: AppFacto
 
     info = await app.job(ok)
     assert info is not None and info.state == "succeeded", info
-    assert info.result == 42 and info.attempts == 1
+    assert info.attempts == 1 and not info.has_result
     assert info.finished_at is not None and info.finished_at.timestamp() >= started
-    assert await app.result(ok, timeout=1) == 42
+    assert await app.result(ok, timeout=1) is None  # the task keeps no result
 
     info = await app.job(flaky)
-    assert info is not None and (info.state, info.result, info.attempts) == ("succeeded", 6, 2)
+    assert info is not None and (info.state, info.attempts) == ("succeeded", 2)
 
     info = await app.job(dead)
     assert info is not None and info.state == "dead", info
@@ -392,6 +394,25 @@ async def test_local_records_through_a_worker_run(sqs: SQSKit, new_app: AppFacto
     assert await app.broker.dlq_replay([(entry.id, entry.job)]) == 1
     info = await app.job(dead)
     assert info is not None and (info.state, info.dlq_entry) == ("queued", None)
+
+
+async def test_keep_result_is_refused_at_worker_start_naming_the_records(
+    sqs: SQSKit, new_app: AppFactory
+) -> None:
+    """Job records kept in this process cannot hand a result to a producer elsewhere: a
+    task that keeps results is refused, in one line naming the part and the fix."""
+    await sqs.create("kr", dead="kr-dead")
+    app = new_app(sqs.url("kr", dlq="kr-dead"))
+
+    @app.task(name="double", keep_result=True)
+    async def double(n: int) -> int:
+        return n * 2
+
+    with pytest.raises(aqw.ConfigError) as refused:
+        await app.worker().start()
+    message = str(refused.value)
+    assert "\n" not in message and "task 'double': keep_result needs job records" in message
+    assert "in this process only" in message and "redis://" in message
 
 
 @pytest.mark.timeout(30)
@@ -427,3 +448,25 @@ async def test_a_running_job_cancelled_in_the_process_stops_at_its_next_heartbea
     assert stopped == [job_id]
     assert took < 1.5  # one renewal interval (0.5 s) plus the unwinding
     assert await sqs.count(url) == 0
+
+
+# -- schedule marks in the records= store ----------------------------------------------------
+
+
+class TestMarksInTheRecordsStore(MarksContract):
+    """With ``records=``, the periodic tasks' schedule marks live in that store, shared by
+    every process (``StoreMarks``): the marks contract on each store."""
+
+    @pytest.fixture
+    async def subject(self, sqs: SQSKit, queue: str, records: str) -> AsyncIterator[Subject]:
+        await sqs.create(queue, dead=f"{queue}-dead")
+
+        def new_broker(**_: Any) -> aqw.Broker:
+            return from_url(sqs.url(queue, dlq=f"{queue}-dead", records=records), queue)
+
+        yield Subject(new_broker, queue)
+
+
+async def test_without_a_records_store_the_marks_are_kept_in_the_process(sqs: SQSKit) -> None:
+    broker = from_url(sqs.url("nomarks", dlq="nomarks-dead"), "nomarks")
+    assert broker.marks.shared is False

@@ -1,6 +1,8 @@
-"""SQSBroker: the Broker contract on one SQS queue, by delegation to the parts it owns: the
+"""SQSBroker: the Broker contract on one SQS queue, by delegation to the pieces it owns: the
 connection, the queues, the held messages, producing, consuming, leases, settling and the
-dead-letter queue. How aqw maps onto SQS: the package docstring (``aqw.brokers.sqs``)."""
+dead-letter queue. SQS has no store for job records, heartbeats or schedule marks: those
+parts are kept in the process (``aqw.brokers.local``, ``shared = False``). How aqw maps onto
+SQS: the package docstring (``aqw.brokers.sqs``)."""
 
 from __future__ import annotations
 
@@ -9,23 +11,31 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...errors import ConfigError
+from ...flow import Limits
 from ...job import Job
 from ...lease import Lease, LeaseBackend
-from ...record import DEFAULT_KEEP_FOR
-from ..base import Broker, DeadJob, Delivery, Failure, Finish, QueueDepth
+from ..base import Broker
+from ..local import (
+    LocalJobRecords,
+    LocalScheduleMarks,
+    LocalStartGuard,
+    LocalWorkerStatus,
+    still_ours,
+)
+from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth
 from ._batching import Batcher
 from ._connection import Connection
 from ._consuming import Consumer
-from ._dead_letters import DeadLetters
+from ._dead_letters import DeadLetterQueue
 from ._held import HeldMessages
-from ._keys import Keys, KeyStore
+from ._keys import Keys, KeyStore, StoreMarks
 from ._leases import LockStore, VisibilityLeases
 from ._limits import MAX_VISIBILITY, MAX_WAIT
 from ._messages import Entry
 from ._options import parse_url
 from ._producing import Producer
 from ._queues import Queues
-from ._settling import Settler
+from ._settling import MessageSettler
 
 
 class SQSBroker(Broker):
@@ -50,7 +60,25 @@ class SQSBroker(Broker):
         pool: int = 50,
         pollers: int = 10,
     ) -> None:
-        super().__init__(queue)
+        job_records = LocalJobRecords(queue)
+        keys = Keys(queue, records)  # its store keeps the schedule marks too, shared
+        marks = StoreMarks(keys) if keys.keeps_marks else LocalScheduleMarks()
+        super().__init__(queue, records=job_records, status=LocalWorkerStatus(), marks=marks)
+        self._records = job_records
+        self._options: dict[str, Any] = {
+            "region": region,
+            "endpoint_url": endpoint_url,
+            "wait": wait,
+            "visibility": visibility,
+            "default_task": default_task,
+            "create": create,
+            "lock_store": lock_store,
+            "records": records,
+            "pool": pool,
+            "pollers": pollers,
+        }
+        self._dlq_option = dlq
+        self._queue_url_option = queue_url
         if wait is not None and not 0 <= wait <= MAX_WAIT:
             raise ConfigError(f"sqs wait must be 0-{MAX_WAIT} seconds, got {wait!r}")
         if visibility is not None and not 0 <= visibility <= MAX_VISIBILITY:
@@ -65,9 +93,8 @@ class SQSBroker(Broker):
         )
         held = HeldMessages(lease_prefix=f"aqw:{{{queue}}}:lease:")
         locks = LockStore(lock_store)
-        keys = Keys(queue, records)
         producer = Producer(connection, queues)
-        dead_letters = DeadLetters(connection, queues, producer, default_task=default_task)
+        dead_letters = DeadLetterQueue(connection, queues, producer, default_task=default_task)
         self._connection, self._queues, self._held, self._locks = connection, queues, held, locks
         self._producer, self._dead_letters, self._keys = producer, dead_letters, keys
         self._consumer = Consumer(
@@ -80,8 +107,8 @@ class SQSBroker(Broker):
             default_task=default_task,
         )
         self._leases = VisibilityLeases(connection, queues, held, locks)
-        self._settler = Settler(
-            connection, queues, held, locks, dead_letters, keys, self.local_records
+        self._settler = MessageSettler(
+            connection, queues, held, locks, dead_letters, keys, job_records
         )
 
     def __repr__(self) -> str:
@@ -92,6 +119,14 @@ class SQSBroker(Broker):
         """``sqs://NAME?opts`` or ``sqs://https://host/ACCOUNT/NAME?opts`` (see package doc)."""
         name, settings = parse_url(url, queue)
         return cls(name, **settings)
+
+    def sibling(self, queue: str) -> SQSBroker:
+        """Queue ``queue`` with this broker's options; its ``dlq=NAME`` dropped, so its own
+        RedrivePolicy names its dead-letter queue (``dlq=none`` is kept)."""
+        dlq = self._dlq_option if self._dlq_option == "none" else None
+        given = self._queue_url_option  # a queue URL: the same account's queue of that name
+        url = None if given is None else given.rstrip("/").rpartition("/")[0] + "/" + queue
+        return SQSBroker(queue, queue_url=url, dlq=dlq, **self._options)
 
     # -- settings, and what connecting found (read-only) --------------------------------------
 
@@ -217,7 +252,7 @@ class SQSBroker(Broker):
     def _enqueued(self, jobs: Sequence[Job], run_at: float | None) -> None:
         """Record jobs just sent, unless a worker in this process has already taken one up
         (its record then says more than "queued")."""
-        records = self.local_records
+        records = self._records
         for job in jobs:
             if records.info(job.id) is None:
                 records.enqueued(job, run_at)
@@ -244,10 +279,11 @@ class SQSBroker(Broker):
         """True while the key's completion record lives in the ``records=`` store."""
         return await self._keys.is_completed(job)
 
-    async def fetch(self, count: int, block: float) -> list[Delivery]:
-        """Up to ``count`` messages. One long poll when the queue looked idle; when a batch came
-        back full (a backlog), up to ``pollers`` ReceiveMessage calls run at once, so a fetch of
-        100 takes one round trip. FIFO queues ask one message per call (see package doc)."""
+    async def fetch(self, count: int, block: float, share: float = 0.0) -> list[Delivery]:
+        """Up to ``count`` messages (SQS has no priority levels: ``share`` is unused). One
+        long poll when the queue looked idle; when a batch came back full (a backlog), up to
+        ``pollers`` ReceiveMessage calls run at once, so a fetch of 100 takes one round
+        trip. FIFO queues ask one message per call (see package doc)."""
         return await self._consumer.fetch(count, block)
 
     async def reclaim(
@@ -263,53 +299,61 @@ class SQSBroker(Broker):
     async def keep_alive(self, delivery: Delivery) -> bool:
         return delivery.id in self._held
 
-    # -- settling --------------------------------------------------------------------------
+    def job_lease_backend(
+        self, job: Job, limits: Limits | None = None, delivery: Delivery | None = None
+    ) -> LeaseBackend:
+        """The message's visibility (``VisibilityLeases``), the record marked running in this
+        process, only while ``delivery`` is held here; ``limits`` are never given (no
+        ``flow_limits``: the worker refuses them)."""
+        check = still_ours(self, delivery)
+        return LocalStartGuard(self._leases, self._records, job, self.consumer, check)
 
-    async def ack(
+    # -- settling (the records move with the base's steps) ---------------------------------
+
+    async def _ack(
         self,
         delivery: Delivery,
         job: Job | None,
         lease: Lease | None,
-        record_ttl: float = 0.0,
-        finish: Finish | None = None,
+        finish: Finish,
+        record_ttl: float,
     ) -> bool:
         """Delete the message; a keyed job's completion record is written first (``records=``)."""
-        finish = finish or Finish()
-        return await self._settler.ack(delivery, job, lease, record_ttl, finish, self.consumer)
+        return await self._settler.ack(delivery, job, lease, finish, record_ttl)
 
-    async def retry(
+    async def _retry(
         self,
         delivery: Delivery,
         job: Job,
         run_at: float,
         lease: Lease | None,
-        failure: Failure | None = None,
+        failure: Failure | None,
     ) -> bool:
         """Hide the message for the backoff delay; the next receive is the next attempt (the
         body, and so ``job``, cannot change on SQS)."""
         return await self._settler.retry(delivery, job, run_at, lease, failure)
 
-    async def defer(self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None) -> bool:
+    async def _defer(
+        self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None
+    ) -> bool:
         """Hide the message until ``run_at``; rate limits and per-key caps are not enforced
         on SQS (the worker refuses them), so only ``aqw.RateLimited`` defers here."""
         return await self._settler.defer(delivery, job, run_at, lease)
 
-    async def dead_letter(
+    async def _dead_letter(
         self,
         delivery: Delivery,
         job: Job | None,
         failure: Failure,
         attempts: int,
         lease: Lease | None,
-        keep_for: float = DEFAULT_KEEP_FOR,
+        keep_for: float,
     ) -> str | None:
         """The DLQ message's id (the message's own with ``dlq=none``), or None: refused."""
         return await self._settler.dead_letter(delivery, job, failure, attempts, lease, keep_for)
 
-    async def requeue(
-        self, delivery: Delivery, lease: Lease | None, job: Job | None = None
-    ) -> bool:
-        return await self._settler.requeue(delivery, lease, job)
+    async def _give_back(self, delivery: Delivery, lease: Lease | None, job: Job | None) -> bool:
+        return await self._settler.give_back(delivery, lease, job)
 
     # -- inspection ------------------------------------------------------------------------
 
@@ -336,7 +380,7 @@ class SQSBroker(Broker):
 
     def _replayed(self, jobs: Sequence[Job]) -> None:
         for job in jobs:
-            self.local_records.replayed(job)
+            self._records.replayed(job)
 
     async def dlq_delete(self, entry_ids: Sequence[str]) -> int:
         return await self._dead_letters.dlq_delete(entry_ids)

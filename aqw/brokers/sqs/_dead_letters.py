@@ -33,7 +33,7 @@ from ._queues import Queues
 log = logging.getLogger("aqw.sqs")
 
 
-class DeadLetters:
+class DeadLetterQueue:
     """SQSBroker's ``dlq_*`` operations, and the DLQ half of ``dead_letter``. Replays are
     published with ``producer``; plain-JSON bodies read as jobs of ``default_task``."""
 

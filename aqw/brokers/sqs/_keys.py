@@ -31,6 +31,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from ...errors import ConfigError
 from ...job import Job
+from ..messages import ScheduleMark
 from ._keys_redis import RedisKeyStore
 
 log = logging.getLogger("aqw.sqs")
@@ -68,6 +69,38 @@ class KeyStore(Protocol):
 
     async def close(self) -> None:
         """Close the store's connections."""
+
+
+@runtime_checkable
+class MarkStore(Protocol):
+    """A ``records=`` store that also keeps the periodic tasks' schedule marks (both of
+    aqw's stores do): then they are shared by every process, as on Redis."""
+
+    async def read_marks(self, queue: str) -> dict[str, ScheduleMark]:
+        """Every periodic task's last tick handled, of queue ``queue``."""
+
+    async def advance_mark(self, queue: str, task: str, mark: ScheduleMark) -> None:
+        """Record ``mark`` unless a later tick is recorded (it only moves forward)."""
+
+
+class StoreMarks:
+    """``SQSBroker.marks`` with a ``records=`` store that keeps marks: shared."""
+
+    shared = True
+
+    def __init__(self, keys: Keys) -> None:
+        self._keys = keys
+
+    def _store(self) -> MarkStore:
+        store = self._keys.store()
+        assert isinstance(store, MarkStore)
+        return store
+
+    async def read(self) -> dict[str, ScheduleMark]:
+        return await self._store().read_marks(self._keys.queue)
+
+    async def advance(self, task: str, mark: ScheduleMark) -> None:
+        await self._store().advance_mark(self._keys.queue, task, mark)
 
 
 def redact_url(url: str) -> str:
@@ -127,6 +160,11 @@ class Keys:
     @property
     def enabled(self) -> bool:
         return self.url is not None or self._given is not None
+
+    @property
+    def keeps_marks(self) -> bool:
+        """True when the store keeps schedule marks too (aqw's Redis and PostgreSQL ones)."""
+        return self.url is not None or isinstance(self._given, MarkStore)
 
     def store(self) -> KeyStore:
         if self._store is None:

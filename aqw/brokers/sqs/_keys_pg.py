@@ -23,11 +23,14 @@ from typing import Any, TypeVar
 import asyncpg
 
 from ...errors import ConfigError
+from ..messages import ScheduleMark
 from ._errors import RecordsUnavailable
 
 T = TypeVar("T")
 
 TABLE = "aqw_sqs_keys"
+#: The table of the periodic tasks' schedule marks, beside the keys' (``<table>_marks``).
+MARKS_SUFFIX = "_marks"
 PURGE_EVERY = 300.0  # seconds between two purges of expired rows, per process
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
@@ -64,6 +67,7 @@ class PostgresKeyStore:
         self.table = table
         self.max_size = max_size
         t = self._t = _quote(table)
+        m = self._m = _quote(table + MARKS_SUFFIX)
         self._index = _quote(table.rpartition(".")[2][:50] + "_expires_at_idx")
         self._pool: Any = None
         self._opening: asyncio.Lock | None = None
@@ -102,6 +106,13 @@ class PostgresKeyStore:
             f"SELECT EXISTS (SELECT 1 FROM {t} WHERE queue = $1 AND key = $2 "
             "AND state = 'done' AND expires_at > now())"
         )
+        # A mark moves only forward: a paused ex-leader never moves it back.
+        self._sql_advance = (
+            f"INSERT INTO {m} AS r (queue, task, tick, job_id) VALUES ($1, $2, $3, $4) "
+            "ON CONFLICT (queue, task) DO UPDATE SET tick = EXCLUDED.tick, "
+            "job_id = EXCLUDED.job_id WHERE r.tick <= EXCLUDED.tick"
+        )
+        self._sql_marks = f"SELECT task, tick, job_id FROM {m} WHERE queue = $1"
         self._sql_purge = (
             f"DELETE FROM {t} WHERE (queue, key) IN (SELECT queue, key FROM {t} "
             "WHERE expires_at < now() - interval '1 minute' LIMIT 1000 FOR UPDATE SKIP LOCKED)"
@@ -145,6 +156,14 @@ class PostgresKeyStore:
             )
             await conn.execute(
                 f"CREATE INDEX IF NOT EXISTS {self._index} ON {self._t} (expires_at)"
+            )
+            await conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {self._m} ("
+                " queue text NOT NULL,"
+                " task text NOT NULL,"
+                " tick double precision NOT NULL,"
+                " job_id text NOT NULL,"
+                " PRIMARY KEY (queue, task))"
             )
 
     async def _run(self, call: Callable[[Any], Awaitable[T]]) -> T:
@@ -194,6 +213,16 @@ class PostgresKeyStore:
 
     async def is_completed(self, queue: str, key: str) -> bool:
         return bool(await self._run(lambda pool: pool.fetchval(self._sql_completed, queue, key)))
+
+    # -- schedule marks (``MarkStore``) ---------------------------------------------------------
+
+    async def read_marks(self, queue: str) -> dict[str, ScheduleMark]:
+        rows = await self._run(lambda pool: pool.fetch(self._sql_marks, queue))
+        return {str(r["task"]): ScheduleMark(float(r["tick"]), str(r["job_id"])) for r in rows}
+
+    async def advance_mark(self, queue: str, task: str, mark: ScheduleMark) -> None:
+        sql, tick = self._sql_advance, float(mark.tick)
+        await self._run(lambda pool: pool.execute(sql, queue, task, tick, mark.job_id))
 
     async def close(self) -> None:
         if self._pool is not None:

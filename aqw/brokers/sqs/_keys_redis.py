@@ -9,17 +9,17 @@ import contextlib
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
-from redis.asyncio import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
-from ..._redis.client import make_client
+from ..._redis import scripts
+from ..._redis.client import UNREACHABLE, Redis, make_client
 from ..._redis.keys import QueueKeys
-from ..._redis.scripts import Script
-from .._redis_argv import ms
+from ..._redis.scripts import Script, ms
+from ..messages import ScheduleMark
 from ._errors import RecordsUnavailable
 
 T = TypeVar("T")
+
+#: What means "the store is unreachable": the client's errors, and the system's.
+DOWN: tuple[type[Exception], ...] = (*UNREACHABLE, OSError)
 
 #: KEYS[1] enqueue record, KEYS[2] completion record; ARGV[1] job id, ARGV[2] ttl in ms.
 #: {holder, 1} when the key is taken (nothing written), else {job id, 0}.
@@ -89,7 +89,7 @@ class RedisKeyStore:
     def _reaching(self) -> Iterator[None]:
         try:
             yield
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        except DOWN as exc:
             raise RecordsUnavailable(f"records= store (Redis) unreachable: {exc}") from exc
 
     async def _run(self, call: Callable[[], Awaitable[T]]) -> T:
@@ -125,6 +125,22 @@ class RedisKeyStore:
     async def is_completed(self, queue: str, key: str) -> bool:
         record = QueueKeys(queue).done(key)
         return bool(await self._run(lambda: self.client.exists(record)))
+
+    # -- schedule marks (``MarkStore``): the Redis broker's hash and script ---------------------
+
+    async def read_marks(self, queue: str) -> dict[str, ScheduleMark]:
+        raw: Any = await self._run(lambda: self.client.hgetall(QueueKeys(queue).schedule))
+        out: dict[str, ScheduleMark] = {}
+        for task, value in raw.items():
+            text = value.decode() if isinstance(value, bytes) else str(value)
+            mark = ScheduleMark.decode(text)
+            if mark is not None:
+                out[task.decode() if isinstance(task, bytes) else str(task)] = mark
+        return out
+
+    async def advance_mark(self, queue: str, task: str, mark: ScheduleMark) -> None:
+        key, argv = QueueKeys(queue).schedule, [task, repr(mark.tick), mark.encode()]
+        await self._run(lambda: scripts.load("schedule_mark")(self.client, [key], argv))
 
     async def close(self) -> None:
         if self._owns and self._client is not None:

@@ -7,11 +7,11 @@ from __future__ import annotations
 import contextlib
 import time
 
+from ..._redis.client import make_client
 from ..._redis.lease import RedisLeaseBackend
 from ...errors import StaleStart
 from ...lease import Lease, LeaseBackend
-from ..memory import MemoryLeaseBackend
-from ..redis import make_client
+from ..local import MemoryLeaseBackend
 from ._connection import Connection
 from ._held import Held, HeldMessages
 from ._limits import visibility_seconds

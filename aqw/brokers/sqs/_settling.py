@@ -1,6 +1,8 @@
-"""Settling deliveries (``Settler``): each step stops tracking the message, settles it on SQS
-(a delete, or a visibility change), frees the job's lease in the lock store, is counted, and
-moves the job's record (kept in the process: ``Broker.local_records``)."""
+"""Settling messages (``MessageSettler``): each step stops tracking the message, settles it
+on SQS (a delete, or a visibility change), frees the job's lease in the lock store and is
+counted. The job's record (kept in the process) moves with the base's settle steps
+(``Broker.ack`` and the others); a message taken but not settled reads ``queued`` again
+here, since it comes back when its visibility runs out."""
 
 from __future__ import annotations
 
@@ -10,10 +12,10 @@ import time
 
 from ...job import Job
 from ...lease import Lease
-from .._local_records import LocalRecords
-from ..base import Delivery, Failure, Finish, failure_fields
+from ..local import LocalJobRecords
+from ..messages import Delivery, Failure, Finish
 from ._connection import Connection
-from ._dead_letters import DeadLetters
+from ._dead_letters import DeadLetterQueue
 from ._held import HeldMessages
 from ._keys import Keys
 from ._leases import LockStore
@@ -23,8 +25,8 @@ from ._queues import Queues
 log = logging.getLogger("aqw.sqs")
 
 
-class Settler:
-    """SQSBroker's ``ack``, ``retry``, ``defer``, ``dead_letter`` and ``requeue``. Each
+class MessageSettler:
+    """SQSBroker's ``_ack``, ``_retry``, ``_defer``, ``_dead_letter`` and ``_give_back``. Each
     returns False (``dead_letter``: None), touching nothing, when another holder runs the
     job now; ``counts`` are what it did."""
 
@@ -34,9 +36,9 @@ class Settler:
         queues: Queues,
         held: HeldMessages,
         locks: LockStore,
-        dead_letters: DeadLetters,
+        dead_letters: DeadLetterQueue,
         keys: Keys,
-        records: LocalRecords,
+        records: LocalJobRecords,
     ) -> None:
         self._connection = connection
         self._queues = queues
@@ -55,9 +57,8 @@ class Settler:
         delivery: Delivery,
         job: Job | None,
         lease: Lease | None,
-        record_ttl: float,
         finish: Finish,
-        worker: str,
+        record_ttl: float,
     ) -> bool:
         """Write the key's completion record (when the job has a key and ``records=`` a
         store) *before* the delete: a crash between the two leaves a message that is
@@ -71,12 +72,8 @@ class Settler:
         ok = await self._connection.delete(held.receipt, self._queues.url)
         await self._locks.unlock(lease)
         self._bump("processed" if ok else "ack_refused")
-        if job is not None:
-            if ok:
-                fields = finish.fields(worker, time.time())
-                self._records.finish(job, finish.state, fields, finish.keep_for)
-            else:
-                self._records.requeued(job.id)
+        if not ok and job is not None:
+            self._records.given_back(job.id)
         return ok
 
     async def retry(
@@ -104,11 +101,8 @@ class Settler:
         ok = await self._connection.set_visibility(held.receipt, seconds, self._queues.url)
         await self._locks.unlock(lease)
         self._bump("retried" if ok else "retry_refused")
-        if ok:
-            fields = failure_fields(failure) if failure is not None else {}
-            self._records.retrying(job, time.time() + seconds, fields)
-        else:
-            self._records.requeued(job.id)
+        if not ok:
+            self._records.given_back(job.id)
         return ok
 
     async def defer(self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None) -> bool:
@@ -122,10 +116,8 @@ class Settler:
         ok = await self._connection.set_visibility(held.receipt, seconds, self._queues.url)
         await self._locks.unlock(lease)
         self._bump("deferred" if ok else "defer_refused")
-        if ok:
-            self._records.deferred(job, time.time() + seconds)
-        else:
-            self._records.requeued(job.id)
+        if not ok:
+            self._records.given_back(job.id)
         return ok
 
     async def dead_letter(
@@ -146,24 +138,17 @@ class Settler:
         ok = await self._connection.delete(held.receipt, self._queues.url)
         await self._locks.unlock(lease)
         self._bump("dead")
-        if job is not None:
-            if ok:
-                fields = failure_fields(failure)
-                fields.update(finished_at=repr(time.time()), dlq_entry=entry_id)
-                if failure.worker:
-                    fields["worker"] = failure.worker
-                self._records.finish(job, "dead", fields, keep_for)
-            else:
-                self._records.requeued(job.id)
+        if not ok and job is not None:
+            self._records.given_back(job.id)
         return entry_id if ok else None
 
-    async def requeue(self, delivery: Delivery, lease: Lease | None, job: Job | None) -> bool:
+    async def give_back(self, delivery: Delivery, lease: Lease | None, job: Job | None) -> bool:
         held = self._held.take(delivery, lease)
         if held is None:
             return False
         ok = await self._connection.set_visibility(held.receipt, 0, self._queues.url)
         await self._locks.unlock(lease)
         self._bump("requeued")
-        if job is not None:
-            self._records.requeued(job.id)
+        if not ok and job is not None:
+            self._records.given_back(job.id)
         return ok

@@ -52,7 +52,7 @@ from .._common import (
     number,
     setup_logging,
 )
-from ._measure import Point, delete_queue, measure, queue_keys
+from ._measure import Point, delete_queue, measure
 from ._report import Progress, recommend, redact, report
 
 __all__ = ["Point", "add_parser", "main", "recommend", "run"]
@@ -248,7 +248,7 @@ async def run(args: argparse.Namespace) -> int:
     if args.queue:
         probe = from_url(cfg["broker"], queue)
         try:
-            if await queue_keys(probe):
+            if probe.server is not None and await probe.server.count_keys():
                 raise ConfigError(
                     f"queue {queue!r} has keys already: the bench deletes every "
                     "key of its queue, so name an unused one"

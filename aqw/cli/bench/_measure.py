@@ -13,8 +13,6 @@ from urllib.parse import urlsplit
 
 from ...brokers import Broker, from_url
 from ...brokers.memory import delete_memory_queue
-from ...brokers.partitioned import PartitionedBroker
-from ...brokers.redis import RedisBroker
 from ._worker import Children, InProcess, Result, target
 
 PRELOAD_BATCH = 500
@@ -45,41 +43,19 @@ class Point:
 
 
 async def _server_ops(broker: Broker) -> int | None:
-    """Commands the Redis server has run so far (None when it cannot tell)."""
-    if not isinstance(broker, RedisBroker | PartitionedBroker):
-        return None
-    try:
-        info: Any = await broker.client.info("commandstats")
-    except Exception:
-        return None
-    return sum(
-        int(v.get("calls", 0))
-        for k, v in info.items()
-        if k.startswith("cmdstat_") and k != "cmdstat_info"
-    )
-
-
-async def queue_keys(broker: Broker) -> list[Any]:
-    """The keys of ``broker``'s queue, of each partition's (Redis only; none elsewhere)."""
-    if isinstance(broker, PartitionedBroker):
-        return [key for part in broker.parts for key in await queue_keys(part)]
-    if not isinstance(broker, RedisBroker):
-        return []
-    return [key async for key in broker.client.scan_iter(match=broker.keys.pattern(), count=1000)]
+    """Commands the broker's server has run so far (None when it cannot tell)."""
+    return None if broker.server is None else await broker.server.commands_run()
 
 
 async def delete_queue(url: str, queue: str) -> int:
-    """Delete every key of ``queue``: SCAN + DEL on Redis; forget an in-memory queue."""
+    """Delete every key of ``queue`` on its server (SCAN + DEL on Redis); forget an
+    in-memory queue."""
     if urlsplit(url).scheme == "memory":
         delete_memory_queue(queue)
         return 0
     broker = from_url(url, queue)
     try:
-        keys = await queue_keys(broker)
-        if isinstance(broker, RedisBroker | PartitionedBroker):
-            for i in range(0, len(keys), 500):
-                await broker.client.delete(*keys[i : i + 500])
-        return len(keys)
+        return 0 if broker.server is None else await broker.server.delete_queue()
     finally:
         await broker.close()
 

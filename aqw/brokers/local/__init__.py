@@ -1,0 +1,32 @@
+"""The in-process parts of a broker: job records, worker heartbeats, schedule marks, depth
+history, debounce, rate limits and per-key caps, the job's start, leases and priority
+levels, all kept in this process (each part says ``shared = False``). The memory broker is
+made of them; a broker with no shared store for a part (SQS, or one written outside aqw)
+may use them.
+"""
+
+from .debounce import LocalDebounce
+from .history import LocalDepthHistory
+from .leases import MemoryLeaseBackend
+from .limits import LocalLimiter
+from .marks import LocalScheduleMarks
+from .priorities import LevelFifos, ShareCredit, level_of
+from .records import LocalJobRecords
+from .start import LimitedStart, LocalStartGuard, still_ours
+from .status import LocalWorkerStatus
+
+__all__ = [
+    "LevelFifos",
+    "LimitedStart",
+    "LocalDebounce",
+    "LocalDepthHistory",
+    "LocalJobRecords",
+    "LocalLimiter",
+    "LocalScheduleMarks",
+    "LocalStartGuard",
+    "LocalWorkerStatus",
+    "MemoryLeaseBackend",
+    "ShareCredit",
+    "level_of",
+    "still_ours",
+]

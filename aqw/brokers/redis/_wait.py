@@ -1,0 +1,61 @@
+"""One blocking read over the streams of several Redis queues on one server: how a worker
+of several queues (``multi.py``) or of a partitioned queue (``_partition_fetch.py``) waits
+once all of them are empty, so a job in any of them wakes it at once.
+
+One server only: on Redis Cluster a command reads one slot, and the callers wait on each
+queue in turn instead (``can_wait_together``). Never several blocking reads at once: a
+cancelled one can be swallowed by the client, or leave entries it took with this consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from ..._redis.client import CLIENT_ERRORS, MAX_BLOCK
+from ..._redis.cluster import is_cluster
+from ..._redis.keys import GROUP
+from ..base import Broker, Delivery
+from ._broker import RedisBroker
+from ._entries import delivery_of, text
+
+
+def can_wait_together(brokers: Sequence[Broker]) -> bool:
+    """True when ``brokers`` are Redis queues on one client of one server."""
+    queues = [b for b in brokers if type(b) is RedisBroker]
+    if not queues or len(queues) != len(brokers):
+        return False
+    client = queues[0].client
+    return not is_cluster(client) and all(q.client is client for q in queues)
+
+
+async def wait_together(
+    queues: Sequence[RedisBroker], consumer: str, count: int, block: float
+) -> list[tuple[int, Delivery]]:
+    """Up to ``count`` new deliveries from the streams of every active priority level of
+    ``queues`` (one client, one server), waiting up to ``block`` seconds for the first:
+    (the index of its queue, the delivery), highest level first."""
+    where: dict[str, tuple[int, int]] = {}
+    for i, queue in enumerate(queues):
+        for level in queue.levels.active:
+            where[queue.keys.stream_for(level)] = (i, level)
+    block_ms = max(1, int(min(block, MAX_BLOCK) * 1000))
+    try:
+        reply: Any = await queues[0].client.xreadgroup(
+            GROUP, consumer, dict.fromkeys(where, ">"), count=count, block=block_ms
+        )
+    except CLIENT_ERRORS as exc:
+        if not str(exc).startswith("NOGROUP"):
+            raise
+        await asyncio.gather(*(queue.levels.ensure_groups() for queue in queues))
+        return []
+    out: list[tuple[int, Delivery]] = []
+    for stream, entries in sorted(reply or [], key=lambda r: -where[text(r[0])][1]):
+        i, level = where[text(stream)]
+        for entry_id, fields in entries:
+            if fields:
+                delivery = delivery_of(entry_id, fields)
+                delivery.level, delivery.receipt = level, consumer
+                out.append((i, delivery))
+    return out

@@ -1,0 +1,259 @@
+"""Flow control: a task's rate limit and per-key concurrency cap, and the limits one job
+starts under.
+
+``@app.task(rate_limit="100/s", rate_key=..., concurrency_key=..., max_per_key=N)`` is
+checked at registration (``flow_control``) into a ``FlowControl``; at start the worker asks
+it for the job's ``Limits`` (``FlowControl.limits``, a function of the validated payload),
+and the broker's start step (``Broker.job_lease_backend(job, limits)``) admits the job
+under them in the same atomic step that hands out its lease, or refuses with
+``aqw.RateLimited`` (the job then waits in the delayed set, without spending an attempt).
+
+Rate limits are GCRA: starts are spaced ``period / count`` apart, with a burst of
+``burst`` starts (1% of the count, at least 1) at once, so no window of one period holds
+more than ``count + burst`` starts (``count + 1`` up to 199 per period). Per-key caps count the live
+leases of the key's holders, so a crashed holder's slot ages out with its lease.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigError
+from .job import Job
+
+#: The header that marks a debounced job (value ``"1"``). Its key is a debounce key, not an
+#: idempotency key: it has no completion record, and at start a debounced job waits while
+#: another job of the same key runs (concurrency key ``debounce:<key>``).
+DEBOUNCE_HEADER = "aqw-debounce"
+
+#: Seconds the record of a key's waiting job outlives its due time: a job still in the
+#: delayed set that long after it was due (no worker promoted it) is no longer replaced.
+DEBOUNCE_SLACK = 600.0
+
+
+def is_debounced(job: Job) -> bool:
+    """True when ``job`` was enqueued with ``debounce=``."""
+    return job.headers.get(DEBOUNCE_HEADER) == "1"
+
+
+def completion_key(job: Job | None) -> str | None:
+    """The key under which ``job``'s completion record is written and checked: its
+    idempotency key; None without a key, or for a debounced job (its key is a debounce
+    key: a finished burst does not block the next one)."""
+    if job is None or job.key is None or is_debounced(job):
+        return None
+    return job.key
+
+
+def due_time(now: float, first: float, debounce: float, debounce_max: float | None) -> float:
+    """When a debounced job whose burst began at ``first`` starts, as of an enqueue at
+    ``now``: ``debounce`` seconds later, but no later than ``first + debounce_max``."""
+    due = now + debounce
+    return due if debounce_max is None else min(due, first + debounce_max)
+
+
+#: Period units of a rate limit, in seconds.
+PERIODS = {
+    "s": 1.0,
+    "sec": 1.0,
+    "second": 1.0,
+    "m": 60.0,
+    "min": 60.0,
+    "minute": 60.0,
+    "h": 3600.0,
+    "hour": 3600.0,
+}
+
+_RATE = re.compile(r"\s*(\d+)\s*/\s*([a-z]+)\s*")
+
+#: A key longer than this (of a rate bucket or a concurrency cap) is named by its digest.
+MAX_KEY = 200
+
+#: Seconds a job refused by a per-key cap waits before it is tried again: a random time in
+#: this range (its holders' remaining lease, when shorter).
+CAP_WAIT = (0.1, 0.5)
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """``count`` starts per ``period`` seconds."""
+
+    count: int
+    period: float
+
+    @property
+    def interval_us(self) -> int:
+        """The time between two starts, in microseconds (at least 1)."""
+        return max(1, round(self.period * 1e6 / self.count))
+
+    @property
+    def burst(self) -> int:
+        """Starts admitted at once: 1% of the count, at least 1 (jobs started together in
+        one script call have the same server time)."""
+        return max(1, self.count // 100)
+
+    @property
+    def tolerance_us(self) -> int:
+        """GCRA's burst tolerance: how far ahead of now the arrival time may be."""
+        return self.interval_us * (self.burst - 1)
+
+    def __str__(self) -> str:
+        unit = {1.0: "s", 60.0: "min", 3600.0: "h"}[self.period]
+        return f"{self.count}/{unit}"
+
+
+def parse_rate(value: object, task: str) -> Rate:
+    """``"100/s"`` (also ``/m``, ``/min``, ``/h``, ``/sec``, ``/hour``) as a ``Rate``;
+    anything else raises a ``ConfigError`` naming the task and ``rate_limit``."""
+    match = _RATE.fullmatch(value) if isinstance(value, str) else None
+    period = PERIODS.get(match.group(2)) if match else None
+    if match is None or period is None or int(match.group(1)) < 1:
+        raise ConfigError(
+            f"task {task!r}: rate_limit must be '<count>/<s|m|min|h>' with a count >= 1 "
+            f"(e.g. '100/s'), got {value!r}"
+        )
+    return Rate(int(match.group(1)), period)
+
+
+def key_text(value: object) -> str:
+    """A key function's result as a key name: its text, or a digest when it is long."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= MAX_KEY:
+        return text
+    return "sha1:" + hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one job starts under: its rate bucket (``aqw:{q}:rate:<bucket>`` on Redis), its
+    interval and burst tolerance, and its per-key caps as (concurrency key, most holders)
+    pairs (``aqw:{q}:slots:<key>``)."""
+
+    bucket: str | None = None
+    interval_us: int = 0
+    tolerance_us: int = 0
+    caps: tuple[tuple[str, int], ...] = ()
+
+    def __bool__(self) -> bool:
+        return self.bucket is not None or bool(self.caps)
+
+    @property
+    def cap_keys(self) -> tuple[str, ...]:
+        return tuple(key for key, _ in self.caps)
+
+
+def debounce_cap(job: Job) -> tuple[str, int] | None:
+    """The implicit cap of a debounced job (``enqueue(..., key=k, debounce=s)``): one job of
+    its key runs at a time, so a new job of the key waits for a started one to end."""
+    if job.key is not None and is_debounced(job):
+        return (f"debounce:{job.key}", 1)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class FlowControl:
+    """A task's flow-control options, checked (``flow_control``)."""
+
+    rate: Rate | None = None
+    rate_key: Callable[[Any], object] | None = None
+    concurrency_key: Callable[[Any], object] | None = None
+    max_per_key: int | None = None
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        """The options set, by name (for a broker that cannot enforce them)."""
+        named = (("rate_limit", self.rate), ("max_per_key", self.max_per_key))
+        return tuple(name for name, value in named if value is not None)
+
+    def limits(self, task: str, payload: Any, job: Job) -> Limits | None:
+        """The limits ``job`` (of ``task``, with its validated ``payload``) starts under;
+        None when it has none. A key function's error propagates (the job is retried)."""
+        caps: list[tuple[str, int]] = []
+        if self.concurrency_key is not None and self.max_per_key is not None:
+            caps.append(
+                (f"task:{task}:{key_text(self.concurrency_key(payload))}", self.max_per_key)
+            )
+        implicit = debounce_cap(job)
+        if implicit is not None:
+            caps.append(implicit)
+        if self.rate is None:
+            return Limits(caps=tuple(caps)) if caps else None
+        bucket = task if self.rate_key is None else f"{task}:{key_text(self.rate_key(payload))}"
+        return Limits(bucket, self.rate.interval_us, self.rate.tolerance_us, tuple(caps))
+
+
+#: No flow control: every task's default.
+NO_FLOW = FlowControl()
+
+
+def flow_control(
+    task: str,
+    rate_limit: str | None = None,
+    rate_key: Callable[[Any], object] | None = None,
+    concurrency_key: Callable[[Any], object] | None = None,
+    max_per_key: int | None = None,
+) -> FlowControl:
+    """Check ``@app.task``'s flow-control options; a bad one raises a ``ConfigError``
+    naming the task and the option."""
+    rate = parse_rate(rate_limit, task) if rate_limit is not None else None
+    if rate_key is not None and not callable(rate_key):
+        raise ConfigError(f"task {task!r}: rate_key must be a function of the payload")
+    if rate_key is not None and rate is None:
+        raise ConfigError(f"task {task!r}: rate_key needs a rate_limit")
+    if concurrency_key is not None and not callable(concurrency_key):
+        raise ConfigError(f"task {task!r}: concurrency_key must be a function of the payload")
+    if max_per_key is not None and (
+        isinstance(max_per_key, bool) or not isinstance(max_per_key, int) or max_per_key < 1
+    ):
+        raise ConfigError(
+            f"task {task!r}: max_per_key must be an integer >= 1, got {max_per_key!r}"
+        )
+    if (concurrency_key is None) != (max_per_key is None):
+        raise ConfigError(f"task {task!r}: concurrency_key and max_per_key go together")
+    if rate is None and max_per_key is None:
+        return NO_FLOW
+    return FlowControl(rate, rate_key, concurrency_key, max_per_key)
+
+
+def cap_wait(holder_ms: int, draw: float) -> float:
+    """Seconds a job refused by a per-key cap waits: ``draw`` (0-1) across ``CAP_WAIT``, or
+    the holders' shortest remaining lease (``holder_ms``) when that is shorter."""
+    low, high = CAP_WAIT
+    wait = low + (high - low) * draw
+    if 0 < holder_ms < wait * 1000:
+        return max(0.001, holder_ms / 1000)
+    return wait
+
+
+def rate_wait(wait_us: int) -> float:
+    """Seconds until a rate-limited job's turn (``wait_us`` from the script)."""
+    return max(0.001, math.ceil(wait_us / 1000) / 1000)
+
+
+def route_key(
+    task: str, flow: FlowControl, payload: Any, key: str | None, group: str | None
+) -> str | None:
+    """The route of a job of ``task`` with the validated ``payload`` (what its key
+    functions see), idempotency or debounce ``key`` and message ``group``; None: any
+    partition.
+
+    A task-wide rate limit keeps the whole task in one partition (its one GCRA bucket); a
+    per-key cap wins over a rate key (a task with both should give them the same key, or
+    its rate holds per partition) and both over an idempotency key (which should then
+    name the same thing: the same key always with the same cap key)."""
+    if flow.rate is not None and flow.rate_key is None:
+        return f"task:{task}"
+    if flow.concurrency_key is not None and flow.max_per_key is not None:
+        return f"cap:{task}:{key_text(flow.concurrency_key(payload))}"
+    if flow.rate_key is not None:
+        return f"rate:{task}:{key_text(flow.rate_key(payload))}"
+    if key is not None:
+        return f"key:{key}"
+    if group is not None:
+        return f"group:{group}"
+    return None
