@@ -53,7 +53,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("worker",),
     ("task", "schedule", "context", "telemetry", "cache", "_cache_entry", "idempotency"),
     ("brokers",),
-    ("lease", "_lease_keeper", "redlock", "retry"),
+    ("lease", "_lease_backend", "_lease_keeper", "redlock", "retry"),
     (
         "_redis",
         "job",

@@ -354,7 +354,8 @@ class RedisJobs:
 
     async def cancel_requested(self, job_id: str) -> bool:
         try:
-            flag = await self.batcher.execute("HGET", self.keys.record(job_id), "cancel")
+            # asked with each renewal of the job's lease: by the priority lane, as the renewal
+            flag = await self.batcher.priority.execute("HGET", self.keys.record(job_id), "cancel")
         except ResponseError:  # WRONGTYPE: not a record aqw wrote
             return False
         return flag in (b"1", "1")
