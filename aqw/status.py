@@ -17,23 +17,27 @@ Where each number comes from:
 - counters: the broker's lifetime ``stats()``;
 - problems: damaged state found on the way (a heartbeat that is not JSON or not of a
   worker's shape, left out of every sum; on Redis, a fencing counter that would make every
-  job lease fail, and stats fields that are not integers). Everything printed from the
-  broker is escaped, so stored terminal escapes never reach the screen.
+  job lease fail, stats fields that are not integers, and job lease keys no live worker
+  holds, which block their jobs: ``blocked``, ``aqw.brokers._redis_blocked``). Everything
+  printed from the broker is escaped, so stored terminal escapes never reach the screen.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ._damage import shown, split_heartbeats, to_float, to_int
 from ._redis.lease import RedisLeaseBackend
 from ._text import printable
+from .brokers._redis_blocked import blocked_leases, lease_ttl_of
 from .brokers.base import Broker
 from .brokers.partitioned import PartitionedBroker
 from .brokers.redis import RedisBroker
+from .job import Job
 from .monitor import format_age as _age
 from .monitor import is_monitor_heartbeat
 from .record import JobInfo
@@ -44,17 +48,30 @@ if TYPE_CHECKING:
 EVENTS = ("processed", "failed", "retried", "dead", "skipped")
 
 
-async def gather_status(app_or_broker: App | Broker) -> dict[str, Any]:
+async def gather_status(
+    app_or_broker: App | Broker,
+    release: str = "--app ...",
+    lease_ttl: Callable[[Job | None], float] | None = None,
+) -> dict[str, Any]:
     """Everything ``aqw status`` shows, as a JSON-able dict.
 
     Nothing read back is trusted (``aqw._damage``): a heartbeat that is not JSON or not of
     the shape workers publish is left out of every sum and named in ``problems``, as are a
-    damaged fencing counter and stats counters that are not integers (Redis)."""
+    damaged fencing counter, stats counters that are not integers and lease keys no live
+    worker holds (Redis; ``release``: how ``aqw job release`` names the app in the hint;
+    ``lease_ttl``: a job's lease TTL, by default its task's in the app)."""
+    app = None if isinstance(app_or_broker, Broker) else app_or_broker
     broker = app_or_broker if isinstance(app_or_broker, Broker) else app_or_broker.broker
     depth = await broker.depth()
     beats, problems = split_heartbeats(await broker.heartbeats())
     stats = await broker.stats()
     problems += await _redis_problems(broker)
+    blocked = await blocked_leases(broker, lease_ttl or lease_ttl_of(app))
+    problems += [
+        f"job {b.job_id}: lease key held by an unknown token for {b.held_for:.0f} s; clear it "
+        f"with `aqw job release {release} {b.job_id}`"
+        for b in blocked
+    ]
     workers = [b for b in beats if not is_monitor_heartbeat(b)]
     monitors = sorted(
         (b for b in beats if is_monitor_heartbeat(b)), key=lambda b: to_float(b.get("at"), 0.0)
@@ -88,6 +105,7 @@ async def gather_status(app_or_broker: App | Broker) -> dict[str, Any]:
         else {"name": monitor.get("monitor"), "at": monitor.get("at")},
         "counters": stats,
         "problems": problems,
+        "blocked": [b.as_dict() for b in blocked],
     }
 
 

@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sys
 from typing import Any
@@ -53,13 +54,15 @@ async def run(args: argparse.Namespace) -> int:
     """``aqw status [APP] [JOB_ID] [--json] [--watch SECONDS]``."""
     job_id = job_argument(args)
     app = resolve_app(args, need_app=False)
+    spec = getattr(args, "app", None) or os.environ.get("AQW_APP")
+    release = f"--app {spec}" if spec else "--app ..."  # how to name it to `aqw job release`
     try:
         if job_id:
             return await job_cli.show(app, job_id, as_json=args.json)
         if getattr(args, "watch", None) is None:
-            _show(await gather_status(app), args.json, clear=False)
+            _show(await gather_status(app, release), args.json, clear=False)
             return 0
-        await _watch(app, float(args.watch), args.json)
+        await _watch(app, float(args.watch), args.json, release)
         return 0
     finally:
         await app.close()
@@ -72,7 +75,7 @@ def _show(status: dict[str, Any], as_json: bool, clear: bool) -> None:
     sys.stdout.flush()
 
 
-async def _watch(app: App, every: float, as_json: bool) -> None:
+async def _watch(app: App, every: float, as_json: bool, release: str) -> None:
     """Refresh every ``every`` seconds until Ctrl-C (SIGINT) or SIGTERM."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -81,7 +84,7 @@ async def _watch(app: App, every: float, as_json: bool) -> None:
             loop.add_signal_handler(sig, stop.set)
     try:
         while not stop.is_set():
-            _show(await gather_status(app), as_json, clear=not as_json)
+            _show(await gather_status(app, release), as_json, clear=not as_json)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(every, 0.1)):
                     await stop.wait()

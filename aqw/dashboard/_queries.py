@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from .._damage import split_heartbeats, to_float, to_int
 from ..brokers import CancelOutcome
+from ..brokers._redis_blocked import TaskTTLs, blocked_leases, lease_ttl_of
 from ..brokers.base import Broker, DeadJob
 from ..brokers.partitioned import PartitionedBroker
 from ..brokers.redis import RedisBroker
@@ -34,7 +35,7 @@ CHART_SPAN = 3600.0
 PAYLOAD_SHOWN = 4096
 
 
-class DashboardApp(SchedulesApp, Protocol):
+class DashboardApp(SchedulesApp, TaskTTLs, Protocol):
     """What the dashboard needs of the App (``aqw.App`` has it all)."""
 
     @property
@@ -81,7 +82,7 @@ def decode(data: bytes) -> Job | None:
 async def overview(app: DashboardApp) -> dict[str, Any]:
     """The overview: ``aqw status``'s numbers, the retrying jobs among the ``RETRY_SCAN``
     soonest due, and the depth history of the last ``CHART_SPAN`` seconds."""
-    status = await gather_status(app.broker)
+    status = await gather_status(app.broker, lease_ttl=lease_ttl_of(app))
     soon = await app.broker.delayed_page(0, RETRY_SCAN)
     retrying = sum(1 for d in soon if (job := decode(d.data)) is not None and job.attempt > 1)
     history = await app.broker.depth_history(time.time() - CHART_SPAN)
@@ -115,7 +116,8 @@ async def workers(app: DashboardApp) -> list[dict[str, Any]]:
 
 
 async def running(app: DashboardApp) -> dict[str, Any]:
-    """Up to ``PAGE`` running jobs (oldest start first), with the in-flight total."""
+    """Up to ``PAGE`` running jobs (oldest start first), with the in-flight total, and the
+    jobs blocked by a lease key no live worker holds (``aqw job release`` clears one)."""
     states = await app.broker.job_states(PAGE)
     depth = await app.broker.depth()
     rows = [
@@ -128,7 +130,8 @@ async def running(app: DashboardApp) -> dict[str, Any]:
         }
         for s in states
     ]
-    return {"rows": rows, "total": max(depth.in_flight, len(rows))}
+    blocked = await blocked_leases(app.broker, lease_ttl_of(app))
+    return {"rows": rows, "total": max(depth.in_flight, len(rows)), "blocked": blocked}
 
 
 async def delayed(app: DashboardApp, start: int) -> dict[str, Any]:
