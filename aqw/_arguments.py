@@ -1,20 +1,29 @@
-"""Checks and conversions of the App's arguments: caps, durations, run and expiry times."""
+"""Checks and conversions of the App's arguments: caps, durations, run and expiry times.
+
+Every option is checked where it is given (``App(...)``, ``@app.task(...)``, ``enqueue``), so
+a bad one is one line naming it, before anything is written or started, never a failure of
+every job later. A duration is a finite number of seconds > 0 below 1e9 (``check_seconds``:
+nan, an infinity, ``'5'`` and ``True`` are refused), a count an integer, and a value repeated
+in a message is cut to 200 characters (``quoted``)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping
 from datetime import UTC, datetime
+from typing import Any
 
+from ._text import quoted
 from .brokers._debounce import DEBOUNCE_HEADER
-from .errors import ConfigError, PayloadTooLarge
-from .job import MAX_PRIORITY, MIN_PRIORITY, Job
+from .errors import ConfigError
+from .job import MAX_PRIORITY, MIN_PRIORITY
+from .retry import RetryPolicy
 from .schedule import Schedule
 
 
 def check_payload_cap(value: object, what: str) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ConfigError(f"{what} must be a positive integer (bytes) or None, got {value!r}")
+        raise ConfigError(f"{what} must be a positive integer (bytes) or None, got {quoted(value)}")
 
 
 def check_priority(value: object, what: str) -> None:
@@ -26,7 +35,7 @@ def check_priority(value: object, what: str) -> None:
     ):
         raise ConfigError(
             f"{what}: priority must be an integer {MIN_PRIORITY}-{MAX_PRIORITY} (higher runs "
-            f"first), got {value!r}"
+            f"first), got {quoted(value)}"
         )
 
 
@@ -39,9 +48,48 @@ def priority_of(value: object, default: int, what: str) -> int:
     return value
 
 
+#: The longest duration an option takes, in seconds (about 31 years): a finite bound, so
+#: that a time in milliseconds still fits the brokers' integers.
+MAX_SECONDS = 1e9
+#: The longest task name: ``Job.task``'s bound (a job of a longer one could not be written).
+MAX_TASK_NAME = 200
+#: The longest ``rate_limit`` text looked at (``"100/s"`` needs a handful).
+_MAX_RATE_TEXT = 100
+
+
+def _seconds(value: object) -> bool:
+    """True for a finite number of seconds > 0 and below ``MAX_SECONDS`` (not a bool: nan,
+    an infinity, ``'5'`` and ``True`` are no durations)."""
+    return (
+        not isinstance(value, bool) and isinstance(value, int | float) and 0 < value < MAX_SECONDS
+    )
+
+
 def check_seconds(value: object, what: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e9:
-        raise ConfigError(f"{what} must be a number of seconds > 0, got {value!r}")
+    """The check of every duration option: a ConfigError naming ``what`` unless ``value``
+    is a finite number of seconds > 0 (below 1e9)."""
+    if not _seconds(value):
+        raise ConfigError(
+            f"{what} must be a finite number of seconds > 0 (below 1e9), got {quoted(value)}"
+        )
+
+
+def check_count(value: object, what: str, minimum: int) -> None:
+    """A ConfigError naming ``what`` unless ``value`` is an integer >= ``minimum`` (a bool
+    or a float such as 1.5 is none)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{what} must be an integer >= {minimum}, got {quoted(value)}")
+
+
+def check_task_name(name: object) -> str:
+    """``name`` when it can name a task: a string of 1-200 printable characters (no NUL,
+    newline or other control character: a task name goes into log lines as it is)."""
+    if not isinstance(name, str) or not 1 <= len(name) <= MAX_TASK_NAME or not name.isprintable():
+        raise ConfigError(
+            f"a task name must be a string of 1-{MAX_TASK_NAME} printable characters (no "
+            f"control characters such as NUL or a newline), got {quoted(name)}"
+        )
+    return name
 
 
 def expires_at_of(expires: float | datetime | None) -> float | None:
@@ -49,23 +97,16 @@ def expires_at_of(expires: float | datetime | None) -> float | None:
         return None
     if isinstance(expires, datetime):
         return (expires if expires.tzinfo else expires.replace(tzinfo=UTC)).timestamp()
-    if isinstance(expires, bool) or not isinstance(expires, int | float) or not 0 < expires < 1e9:
-        raise ConfigError(f"enqueue: expires must be seconds > 0 or a datetime, got {expires!r}")
-    return time.time() + expires
-
-
-def check_sizes(task: str, limit: int | None, jobs: Sequence[Job]) -> None:
-    """Refuse the whole batch when one encoded job is over ``limit`` (nothing is written)."""
-    if limit is None:
-        return
-    for i, job in enumerate(jobs):
-        size = len(job.encode())
-        if size > limit:
-            where = f" (payload {i + 1} of {len(jobs)})" if len(jobs) > 1 else ""
-            raise PayloadTooLarge(task, size, limit, where=where)
+    if not _seconds(expires):
+        raise ConfigError(
+            "enqueue: expires must be finite seconds > 0 (below 1e9) or a datetime, got "
+            f"{quoted(expires)}"
+        )
+    return time.time() + float(expires)
 
 
 def run_at_of(delay: float | None, at: datetime | None) -> float | None:
+    """The run time of ``delay`` or ``at`` (checked: ``enqueue_times``), None: now."""
     if delay:
         return time.time() + delay
     if at is not None:
@@ -75,38 +116,91 @@ def run_at_of(delay: float | None, at: datetime | None) -> float | None:
     return None
 
 
-def check_task_options(
-    task: str,
-    *,
-    lease_ttl: float,
-    timeout: float | None,
-    sla: float | None,
-    max_payload_bytes: int | None,
-    max_result_bytes: int | None,
-    keep_for: float | None,
-    flags: dict[str, object],
-    needs_cache: bool = False,
-    schedule: object = None,
-) -> None:
-    """Refuse a bad ``@app.task(...)`` option with a message naming the task and option."""
+def check_delay(delay: object) -> None:
+    """``enqueue(delay=...)``: a finite number of seconds >= 0, below 1e9 (about 31
+    years), refused before anything is written."""
+    if (
+        isinstance(delay, bool)
+        or not isinstance(delay, int | float)
+        or not 0 <= delay < MAX_SECONDS
+    ):
+        raise ConfigError(
+            f"enqueue: delay must be a finite number of seconds >= 0 (below 1e9), got "
+            f"{quoted(delay)}"
+        )
+
+
+def check_at(at: object) -> None:
+    """``enqueue(at=...)``: a ``datetime`` (naive: UTC), less than 1e9 s from now."""
+    if not isinstance(at, datetime):
+        raise ConfigError(
+            f"enqueue: at must be a datetime (timezone-aware, or naive UTC), got "
+            f"{quoted(at)} ({type(at).__name__})"
+        )
+    when = (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
+    if when - time.time() >= MAX_SECONDS:
+        raise ConfigError(f"enqueue: at must be less than 1e9 seconds from now, got {at}")
+
+
+def check_key(key: object) -> None:
+    """``enqueue(key=...)``: a string of 1-1000 characters (bytes are refused, not
+    decoded: ``key=b"k"`` and ``key="k"`` would otherwise be two keys or one by accident)."""
+    if not isinstance(key, str) or not 1 <= len(key) <= 1000:
+        raise ConfigError(
+            f"enqueue: key must be a non-empty string of at most 1000 chars, got "
+            f"{quoted(key, 60)} ({type(key).__name__})"
+        )
+
+
+def check_headers(headers: object) -> None:
+    """``enqueue(headers=...)``: a dict of strings to strings."""
+    if headers is None:
+        return
+    if not isinstance(headers, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+    ):
+        raise ConfigError(
+            f"enqueue: headers must be a dict of strings to strings, got {quoted(headers, 60)}"
+        )
+
+
+def check_task_options(task: str, settings: Mapping[str, Any], needs_cache: bool = False) -> None:
+    """Refuse a bad ``@app.task(...)`` option (``settings``: the options given, None for
+    one left to the app's default) with one line naming the task and the option."""
     if needs_cache:
         raise ConfigError(
             f"task {task!r}: invalidates= needs a cache: App(..., cache=aqw.Cache(r))"
         )
-    check_schedule(task, schedule)
-    if lease_ttl <= 0:
-        raise ConfigError(f"task {task!r}: lease_ttl must be > 0, got {lease_ttl!r}")
-    if timeout is not None and timeout <= 0:
-        raise ConfigError(f"task {task!r}: timeout must be > 0, got {timeout!r}")
-    if sla is not None and sla <= 0:
-        raise ConfigError(f"task {task!r}: sla must be > 0, got {sla!r}")
-    check_payload_cap(max_payload_bytes, f"task {task!r}: max_payload_bytes")
-    check_payload_cap(max_result_bytes, f"task {task!r}: max_result_bytes")
-    if keep_for is not None:
-        check_seconds(keep_for, f"task {task!r}: keep_for")
-    for flag, value in flags.items():
+    check_schedule(task, settings.get("schedule"))
+    for option in ("lease_ttl", "timeout", "sla", "keep_for"):
+        if settings.get(option) is not None:
+            check_seconds(settings[option], f"task {task!r}: {option}")
+    check_payload_cap(settings.get("max_payload_bytes"), f"task {task!r}: max_payload_bytes")
+    check_payload_cap(settings.get("max_result_bytes"), f"task {task!r}: max_result_bytes")
+    for flag in ("keep_result", "dead_letter"):
+        value = settings.get(flag, False)
         if not isinstance(value, bool):
-            raise ConfigError(f"task {task!r}: {flag} must be True or False, got {value!r}")
+            raise ConfigError(f"task {task!r}: {flag} must be True or False, got {quoted(value)}")
+    if settings.get("max_retries") is not None:
+        check_count(settings["max_retries"], f"task {task!r}: max_retries", 0)
+    retry = settings.get("retry")
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise ConfigError(f"task {task!r}: retry must be an aqw.RetryPolicy, got {quoted(retry)}")
+    invalidates = settings.get("invalidates")
+    if not (
+        invalidates is None
+        or callable(invalidates)
+        or (isinstance(invalidates, list | tuple) and all(isinstance(k, str) for k in invalidates))
+    ):
+        raise ConfigError(
+            f"task {task!r}: invalidates must be a list of key templates or a function of "
+            f"the payload, got {quoted(invalidates)}"
+        )
+    rate = settings.get("rate_limit")
+    if isinstance(rate, str) and len(rate) > _MAX_RATE_TEXT:
+        raise ConfigError(
+            f"task {task!r}: rate_limit must be '<count>/<s|m|min|h>', got {quoted(rate, 60)}"
+        )
 
 
 def enqueue_times(
@@ -115,19 +209,17 @@ def enqueue_times(
     at: datetime | None,
     expires: float | datetime | None,
 ) -> tuple[float | None, float | None]:
-    """Check ``enqueue``'s key, delay, at and expires; (its run time, its expiry time)."""
+    """Check ``enqueue``'s key, delay, at and expires, whatever their types (the caller's
+    annotations are not checked at run time); (its run time, its expiry time)."""
     if delay is not None and at is not None:
         raise ConfigError("enqueue: pass either delay= or at=, not both")
-    if delay is not None and delay < 0:
-        raise ConfigError(f"enqueue: delay must be >= 0 seconds, got {delay!r}")
-    if key is not None and (not key or len(key) > 1000):
-        raise ConfigError("enqueue: key must be a non-empty string of at most 1000 chars")
+    if delay is not None:
+        check_delay(delay)
+    if at is not None:
+        check_at(at)
+    if key is not None:
+        check_key(key)
     return run_at_of(delay, at), expires_at_of(expires)
-
-
-def _seconds(value: object) -> bool:
-    """True for a finite number of seconds > 0 (not a bool)."""
-    return not isinstance(value, bool) and isinstance(value, int | float) and 0 < value < 1e9
 
 
 def debounce_headers(
@@ -147,11 +239,11 @@ def debounce_headers(
     if key is None:
         raise ConfigError("enqueue: debounce needs key= (the key whose burst runs once)")
     if not _seconds(debounce):
-        raise ConfigError(f"enqueue: debounce must be finite seconds > 0, got {debounce!r}")
+        raise ConfigError(f"enqueue: debounce must be finite seconds > 0, got {quoted(debounce)}")
     if debounce_max is not None and not (_seconds(debounce_max) and debounce_max >= debounce):
         raise ConfigError(
             f"enqueue: debounce_max must be finite seconds >= debounce ({debounce!r}), "
-            f"got {debounce_max!r}"
+            f"got {quoted(debounce_max)}"
         )
     if timed:
         raise ConfigError("enqueue: debounce cannot be combined with delay= or at=")
@@ -162,27 +254,29 @@ def debounce_headers(
 
 def check_app_options(
     *,
-    keep_for: float,
-    max_payload_bytes: int | None,
+    keep_for: object,
+    max_payload_bytes: object,
     redact_errors: object,
-    lease_ttl: float,
-    timeout: float | None,
-    max_deliveries: int,
-    idempotency_ttl: float,
+    lease_ttl: object,
+    timeout: object,
+    max_deliveries: object,
+    idempotency_ttl: object,
+    retry: object,
+    trace_link: object,
 ) -> None:
-    """Refuse a bad ``App(...)`` option with a message naming it."""
+    """Refuse a bad ``App(...)`` option with one line naming it."""
     check_seconds(keep_for, "App keep_for")
     check_payload_cap(max_payload_bytes, "App max_payload_bytes")
-    if not isinstance(redact_errors, bool):
-        raise ConfigError(f"App redact_errors must be True or False, got {redact_errors!r}")
-    if lease_ttl <= 0:
-        raise ConfigError(f"App lease_ttl must be > 0 seconds, got {lease_ttl!r}")
-    if timeout is not None and timeout <= 0:
-        raise ConfigError(f"App timeout must be > 0 seconds or None, got {timeout!r}")
-    if max_deliveries < 1:
-        raise ConfigError(f"App max_deliveries must be >= 1, got {max_deliveries!r}")
-    if idempotency_ttl <= 0:
-        raise ConfigError(f"App idempotency_ttl must be > 0 seconds, got {idempotency_ttl!r}")
+    for name, flag in (("redact_errors", redact_errors), ("trace_link", trace_link)):
+        if not isinstance(flag, bool):
+            raise ConfigError(f"App {name} must be True or False, got {quoted(flag)}")
+    check_seconds(lease_ttl, "App lease_ttl")
+    if timeout is not None:
+        check_seconds(timeout, "App timeout")
+    check_count(max_deliveries, "App max_deliveries", 1)
+    check_seconds(idempotency_ttl, "App idempotency_ttl")
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise ConfigError(f"App retry must be an aqw.RetryPolicy, got {quoted(retry)}")
 
 
 def check_schedule(task: str, schedule: object) -> None:
@@ -192,7 +286,8 @@ def check_schedule(task: str, schedule: object) -> None:
         return
     if not isinstance(schedule, Schedule):
         raise ConfigError(
-            f"task {task!r}: schedule must be aqw.Cron(...) or aqw.Every(...), got {schedule!r}"
+            f"task {task!r}: schedule must be aqw.Cron(...) or aqw.Every(...), got "
+            f"{quoted(schedule)}"
         )
     problem = schedule.problem()
     if problem is not None:

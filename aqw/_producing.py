@@ -1,5 +1,7 @@
 """The producer's step: validate payloads, build the jobs and hand them to their queue's broker
-(published now, scheduled for later, under an idempotency key, or debounced)."""
+(published now, scheduled for later, under an idempotency key, or debounced). Each job's
+wire form is made and looked at before anything is written (``check_jobs``): valid UTF-8
+JSON, no non-finite number, within its task's size cap; one bad job refuses the batch."""
 
 from __future__ import annotations
 
@@ -8,11 +10,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
-from ._arguments import check_sizes, debounce_headers, enqueue_times, priority_of
+from ._arguments import check_headers, debounce_headers, enqueue_times, priority_of
+from ._text import error_line, quoted
 from .brokers import Broker, PartitionedBroker
 from .brokers._partitions import route_key
-from .errors import ConfigError
-from .job import Job
+from .errors import ConfigError, PayloadTooLarge
+from .job import Job, non_finite_in
 from .task import GROUP_HEADER, Enqueued, Task
 from .telemetry import Telemetry
 
@@ -60,6 +63,7 @@ async def enqueue_jobs(
     queue = queue if queue is not None else target.options.queue or app.queue
     broker = app.broker_for(queue)  # a bad queue name raises before anything is written
     run_at, expires_at = enqueue_times(key, delay, at, expires)
+    check_headers(headers)
     level = priority_of(priority, target.options.priority, "enqueue")
     bodies = [target.validate(p) for p in payloads]
     timed = delay is not None or at is not None
@@ -78,7 +82,7 @@ async def enqueue_jobs(
     if isinstance(broker, PartitionedBroker):
         jobs = placed(broker, target, payloads, bodies, jobs)
     with app.telemetry_for(queue).publish(jobs):  # measured with the headers it adds
-        check_sizes(target.name, target.options.max_payload_bytes, jobs)
+        check_jobs(target.name, target.options.max_payload_bytes, jobs)
         if key is not None:
             if len(jobs) != 1:
                 raise ConfigError("enqueue: an idempotency key names exactly one job")
@@ -111,7 +115,7 @@ async def _enqueue_plain(
     if isinstance(broker, PartitionedBroker):
         jobs = placed(broker, target, payloads, bodies, jobs)
     with app.telemetry_for(queue).publish(jobs):
-        check_sizes(target.name, target.options.max_payload_bytes, jobs)
+        check_jobs(target.name, target.options.max_payload_bytes, jobs)
         await broker.publish(jobs)
     return Enqueued(jobs[0].id)
 
@@ -133,3 +137,33 @@ def placed(
         route = route_key(target.name, flow, payload, job.key, job.headers.get(GROUP_HEADER))
         out.append(job.model_copy(update={"id": broker.job_id_for(route)}))
     return out
+
+
+def check_jobs(task: str, limit: int | None, jobs: Sequence[Job]) -> None:
+    """Encode every job (the wire form is kept: the broker sends that one) and refuse the
+    whole batch, with one line naming the task (and the payload, in a batch), when one
+    cannot be written as JSON, holds a nan or an infinity, or is over ``limit`` bytes."""
+    for i, job in enumerate(jobs):
+        try:
+            wire = job.encode()
+        except Exception as exc:  # a lone surrogate in a string, for one
+            raise ConfigError(
+                f"task {task!r}: the payload{_where(i, jobs)} cannot be written as JSON: "
+                f"{error_line(exc)}"
+            ) from None
+        if b"NaN" in wire or b"Infinity" in wire:  # or a string's text: then looked at
+            bad = non_finite_in(wire, job.payload)
+            if bad is not None:
+                field, number = bad
+                what = f"payload field {quoted(field)}" if field else "the payload"
+                raise ConfigError(
+                    f"task {task!r}: {what}{_where(i, jobs)} is {number!r}: JSON has no "
+                    "non-finite numbers"
+                )
+        if limit is not None and len(wire) > limit:
+            raise PayloadTooLarge(task, len(wire), limit, where=_where(i, jobs))
+
+
+def _where(i: int, jobs: Sequence[Job]) -> str:
+    """`` (payload 2 of 3)`` in a batch, else nothing."""
+    return f" (payload {i + 1} of {len(jobs)})" if len(jobs) > 1 else ""

@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol, TypedDict
 
-from ._arguments import check_task_options, priority_of
+from ._arguments import check_task_name, check_task_options, priority_of
 from .brokers._flow import flow_control
 from .brokers.multi import check_queue
 from .cache import Cache
 from .errors import ConfigError
-from .retry import RetryPolicy
+from .retry import RetryPolicy, error_classes
 from .schedule import Schedule
 from .task import Invalidates, TaskOptions
 
@@ -21,6 +21,7 @@ class TaskSettings(TypedDict, total=False):
 
     max_retries: int | None
     retry: RetryPolicy | None
+    retry_on: type[BaseException] | tuple[type[BaseException], ...] | None
     lease_ttl: float | None
     timeout: float | None
     sla: float | None
@@ -53,38 +54,32 @@ class AppDefaults(Protocol):
 
 
 def task_options(app: AppDefaults, task_name: str, settings: TaskSettings) -> TaskOptions:
-    """Check ``settings`` (a bad value: a ConfigError naming it; an unknown option: a
-    TypeError, as for any keyword) and resolve them against ``app``'s defaults."""
+    """Check ``task_name`` and ``settings`` (a bad value: a ConfigError naming it; an
+    unknown option: a TypeError, as for any keyword) and resolve them against ``app``'s
+    defaults."""
+    check_task_name(task_name)
     for option in settings:
         if option not in TaskSettings.__annotations__:  # what Python says of a bad keyword
             raise TypeError(f"App.task() got an unexpected keyword argument {option!r}")
     s = settings
+    invalidates, schedule = s.get("invalidates"), s.get("schedule")
+    check_task_options(task_name, s, needs_cache=invalidates is not None and app.cache is None)
     policy = s.get("retry") or app.retry
     max_retries = s.get("max_retries")
     if max_retries is not None:
         policy = policy.with_max_retries(max_retries)
+    retry_on = s.get("retry_on")
+    if retry_on is not None:
+        policy = policy.with_retry_on(error_classes(f"task {task_name!r}: retry_on", retry_on))
     ttl = s.get("lease_ttl")
     ttl = app.lease_ttl if ttl is None else ttl
     limit = s.get("timeout")
     limit = app.timeout if limit is None else limit
-    invalidates, schedule = s.get("invalidates"), s.get("schedule")
     payload_cap, result_cap = s.get("max_payload_bytes"), s.get("max_result_bytes", 1_048_576)
     keep_result, dead_letter, keep_for = (
         s.get("keep_result", False),
         s.get("dead_letter", True),
         s.get("keep_for"),
-    )
-    check_task_options(
-        task_name,
-        lease_ttl=ttl,
-        timeout=limit,
-        sla=s.get("sla"),
-        max_payload_bytes=payload_cap,
-        max_result_bytes=result_cap,
-        keep_for=keep_for,
-        flags={"keep_result": keep_result, "dead_letter": dead_letter},
-        needs_cache=invalidates is not None and app.cache is None,
-        schedule=schedule,
     )
     queue, group_key = s.get("queue"), s.get("group_key")
     if group_key is not None and not callable(group_key):

@@ -9,11 +9,11 @@ from typing import Any, Literal, TypeVar, Unpack, overload
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
-from ._arguments import check_app_options
+from ._arguments import check_app_options, check_task_name
 from ._producing import enqueue_jobs
 from ._queue_telemetry import QueueTelemetry
-from ._redis.keys import validate_queue_name
 from ._registration import TaskSettings, task_options
+from ._text import quoted
 from .brokers import Broker, broker_for_queue, from_url, with_partitions
 from .brokers._partitions import check_partitions
 from .brokers.multi import check_queue
@@ -96,7 +96,12 @@ class App:
         keep_for: float = DEFAULT_KEEP_FOR,
         partitions: int | None = None,
     ) -> None:
-        validate_queue_name(queue)
+        check_queue(queue, "App queue")
+        if not isinstance(broker, str | Broker):
+            raise ConfigError(
+                f"App broker must be a URL (memory://, redis://..., sqs://...) or an "
+                f"aqw.brokers.Broker, got {quoted(broker)}"
+            )
         check_app_options(
             keep_for=keep_for,
             max_payload_bytes=max_payload_bytes,
@@ -105,7 +110,11 @@ class App:
             timeout=timeout,
             max_deliveries=max_deliveries,
             idempotency_ttl=idempotency_ttl,
+            retry=retry,
+            trace_link=trace_link,
         )
+        if cache is not None and not isinstance(cache, Cache):
+            raise ConfigError(f"App cache must be an aqw.Cache, got {quoted(cache)}")
         self.partitions = None if partitions is None else check_partitions(partitions)
         self.broker_url = broker if isinstance(broker, str) else None
         self.broker: Broker = self._broker_of(broker, queue)
@@ -193,6 +202,8 @@ class App:
             name: the task's name on the wire (default: the function's ``__qualname__``).
             max_retries: retries after the first run (overrides the policy's bound).
             retry: this task's ``RetryPolicy`` (default: the app's).
+            retry_on: retry only these errors (an exception class or a tuple of them;
+                Celery's ``autoretry_for``): any other error dead-letters the job at once.
             lease_ttl: seconds the job's lease lives between renewals.
             timeout: seconds the handler may run before it is cancelled and retried.
             sla: the expected duration in seconds; a job running past 2x is reported stuck.
@@ -233,7 +244,7 @@ class App:
         """
 
         def register(handler: Handler[R]) -> Task[R]:
-            task_name = name or handler.__qualname__
+            task_name = check_task_name(handler.__qualname__ if name is None else name)
             if task_name in self.tasks:
                 raise ConfigError(f"a task named {task_name!r} is already registered")
             task = Task(self, handler, task_name, task_options(self, task_name, settings))
@@ -250,7 +261,7 @@ class App:
             return self.tasks[name]
         except KeyError:
             known = ", ".join(sorted(self.tasks)) or "none"
-            raise UnknownTask(f"unknown task {name!r} (registered: {known})") from None
+            raise UnknownTask(f"unknown task {quoted(name)} (registered: {known})") from None
 
     def payload_limit(self, task_name: str | None) -> int | None:
         """The most bytes an encoded job of ``task_name`` may take (None: no cap): the

@@ -7,17 +7,19 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, Protocol
 
+from ._producing import check_jobs
 from .brokers.base import Broker, DeadJob
 from .errors import ConfigError
 from .task import Task
 
 
 class DeadLetterApp(Protocol):
-    """What the dead-letter API needs of the App: its broker and its tasks."""
+    """What the dead-letter API needs of the App: its broker, its tasks and their caps."""
 
     @property
     def broker(self) -> Broker: ...
     def get_task(self, name: str) -> Task[Any]: ...
+    def payload_limit(self, task_name: str | None) -> int | None: ...
 
 
 class DeadLetters:
@@ -76,7 +78,8 @@ class DeadLetters:
         """Put dead jobs back on the queue with their attempt count reset; returns how many.
 
         Select by ``ids``, or every entry (``all=True``), or every entry of ``task``.
-        ``edit_payload`` replaces the payload (validated against the task first). A dead
+        ``edit_payload`` replaces the payload (validated against the task first, and
+        checked as an enqueue checks it: JSON, no nan, within the cap). A dead
         message that was never a valid job cannot be replayed and is skipped.
         """
         ids = list(ids)
@@ -103,6 +106,8 @@ class DeadLetters:
                     "enqueued_at": time.time(),
                 }
             )
+            if edit_payload is not None:  # what JSON cannot carry is refused, as at enqueue
+                check_jobs(job.task, self.app.payload_limit(job.task), [fresh])
             pairs.append((dead.id, fresh))
         done = 0
         for start in range(0, len(pairs), batch):

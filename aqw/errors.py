@@ -13,6 +13,28 @@ class ConfigError(AqwError, ValueError):
     """A bad argument or setting, detected before anything is written or started."""
 
 
+#: The packages of each optional extra, as ``pyproject.toml`` lists them (a test keeps
+#: the two in step): what a missing-extra message tells to install.
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "sqs": ("aioboto3",),
+    "otel": ("opentelemetry-sdk", "opentelemetry-exporter-otlp"),
+    "postgres": ("asyncpg",),
+    "fastapi": ("fastapi", "uvicorn"),
+    "dashboard": ("starlette", "jinja2", "uvicorn"),
+    "uvloop": ("uvloop",),
+}
+
+
+def extra_hint(extra: str) -> str:
+    """How to add the optional ``extra`` to the aqw one has, for a missing-extra message:
+    aqw is installed from a checkout or a git URL (``pip install 'aqw[sqs]'`` would fetch
+    another project from the package index), so the hint names the packages themselves,
+    and the extra for a checkout."""
+    packages = " ".join(EXTRAS[extra])
+    checkout = f"pip install -e '.[{extra}]'"
+    return f"pip install {packages} (the {extra} extra; in a checkout of aqw: {checkout})"
+
+
 class PayloadTooLarge(AqwError, ValueError):
     """A job's encoded envelope is bigger than its task's ``max_payload_bytes``.
 

@@ -25,8 +25,8 @@ To combine it with a lifespan of your own, enter both::
         async with db_pool(app), lifespan(jobs)(app):
             yield
 
-Nothing here imports FastAPI: ``aqw`` works without it (``pip install 'aqw[fastapi]'``
-brings it in).
+Nothing here imports FastAPI: ``aqw`` works without it (the ``fastapi`` extra brings it and
+uvicorn in: ``pip install -e '.[fastapi]'`` in a checkout of aqw).
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ its confirmed expiry) so a holder that knows it lost its lease fails fast.
 Rows stay until ``SqlCompletionStore.purge`` removes them; they are the datastore's truth
 and usually outlive the broker's completion records (``App(idempotency_ttl=...)``).
 
-asyncpg is the driver (``pip install aqw[postgres]``); this module does not import it, any
+asyncpg is the driver (the ``postgres`` extra); this module does not import it, any
 object with asyncpg's ``execute``, ``fetchval``, ``fetchrow`` and ``transaction`` works.
 """
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -25,7 +26,10 @@ class Job(BaseModel):
     ``tracestate``) and any other string metadata.
     """
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    #: ``ser_json_inf_nan="constants"``: a non-finite number in a payload is written as
+    #: ``NaN``/``Infinity`` (not JSON), never quietly as ``null``, so the producer's check
+    #: (``non_finite_in``) finds it in the wire form at the cost of a bytes search.
+    model_config = ConfigDict(frozen=True, extra="ignore", ser_json_inf_nan="constants")
     #: The wire form once made (``encode``); a slot, so not a field and not carried over to
     #: a ``model_copy``.
     __slots__ = ("_wire",)
@@ -82,6 +86,72 @@ class Job(BaseModel):
     def next_attempt(self) -> Job:
         """A copy for the next run (attempt + 1)."""
         return self.model_copy(update={"attempt": self.attempt + 1})
+
+
+#: What a non-finite number looks like in a wire form (``-Infinity`` contains ``Infinity``).
+NON_FINITE_MARKS = (b"NaN", b"Infinity")
+
+
+def non_finite_in(wire: bytes, payload: Any) -> tuple[str, float] | None:
+    """(where, the number) of the first non-finite number of ``payload``, the JSON-able
+    payload of a job whose wire form is ``wire``; None when it has none. The wire is
+    searched first (the marks can also be the text of a string): the walk runs only when
+    one is there."""
+    if not any(mark in wire for mark in NON_FINITE_MARKS):
+        return None
+    return non_finite_at(payload)
+
+
+def has_non_finite(value: Any) -> bool:
+    """True when ``value`` (dicts, lists, tuples and pydantic models, nested) holds a float
+    that is nan or infinite: the quick look, without the paths ``non_finite_at`` builds."""
+    kind = type(value)
+    if kind is float:
+        return not math.isfinite(value)
+    if kind is dict:
+        items: Any = value.values()
+    elif kind is list or kind is tuple:
+        items = value
+    elif isinstance(value, BaseModel):
+        extra = value.__pydantic_extra__
+        return has_non_finite(value.__dict__) or (extra is not None and has_non_finite(extra))
+    elif isinstance(value, dict | list | tuple):
+        return has_non_finite(dict(value) if isinstance(value, dict) else list(value))
+    else:
+        return False
+    return any(type(item) not in _PLAIN and has_non_finite(item) for item in items)
+
+
+#: Types that hold no float: ``has_non_finite`` does not call itself for them.
+_PLAIN = frozenset({str, int, bool, type(None)})
+
+
+def non_finite_at(value: Any, where: str = "") -> tuple[str, float] | None:
+    """(where, the number) of the first float that is nan or infinite in ``value`` (dicts,
+    lists, tuples and pydantic models, nested), ``where`` a path like ``size.width`` or
+    ``tags[1]`` (empty: ``value`` itself); None when there is none. Iterative: a deep value
+    cannot exhaust the stack; a value met twice (a cycle) is walked once."""
+    stack: list[tuple[str, Any]] = [(where, value)]
+    seen: set[int] = set()
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return path, item
+            continue
+        if isinstance(item, BaseModel):
+            item = {**item.__dict__, **(item.__pydantic_extra__ or {})}
+        if isinstance(item, dict):
+            children = [(f"{path}.{k}" if path else str(k), v) for k, v in item.items()]
+        elif isinstance(item, list | tuple):
+            children = [(f"{path}[{i}]", v) for i, v in enumerate(item)]
+        else:
+            continue
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        stack.extend(reversed(children))  # the first child is looked at first
+    return None
 
 
 #: ``Job``'s ``_wire`` slot (its descriptor).

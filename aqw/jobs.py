@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Protocol
 
+from ._text import quoted
 from .brokers import Broker, CancelOutcome
 from .errors import ConfigError, JobCancelled, JobExpired, JobFailed, ResultNotKept
 from .record import DEFAULT_KEEP_FOR, JobInfo
@@ -85,13 +86,18 @@ class Jobs:
 
 def _check_id(job_id: object) -> None:
     if not isinstance(job_id, str) or not job_id or len(job_id) > 200:
-        raise ConfigError(f"job id must be a non-empty string of at most 200 chars, got {job_id!r}")
+        raise ConfigError(
+            f"job id must be a non-empty string of at most 200 chars, got {quoted(job_id, 60)}"
+        )
 
 
 def _check_timeout(timeout: object) -> None:
     if timeout is None:
         return
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-        raise ConfigError(f"timeout must be a number of seconds > 0 or None, got {timeout!r}")
-    if not math.isfinite(timeout) or timeout <= 0:
-        raise ConfigError(f"timeout must be a number of seconds > 0 or None, got {timeout!r}")
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
+        raise ConfigError(f"timeout must be a number of seconds > 0 or None, got {quoted(timeout)}")

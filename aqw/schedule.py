@@ -12,16 +12,25 @@ from __future__ import annotations
 
 import abc
 import math
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
-__all__ = ["MAX_CATCH_UP", "Cron", "Every", "Schedule", "tick_iso", "tick_key"]
+from ._text import error_line, quoted
+
+__all__ = ["MAX_CATCH_UP", "MIN_EVERY", "Cron", "Every", "Schedule", "tick_iso", "tick_key"]
 
 #: The most missed ticks a schedule may catch up after an outage.
 MAX_CATCH_UP = 10_000
+#: The shortest ``Every`` interval, in seconds: a seconds-first cron's resolution (as the
+#: second field of arq's cron jobs or sidekiq-cron; plain cron and pg-boss tick by the
+#: minute). Each tick is a job plus an idempotency key living ``idempotency_ttl``.
+MIN_EVERY = 1.0
+#: The longest cron expression or time zone name looked at.
+MAX_EXPRESSION = 200
 
 
 def tick_iso(tick: float) -> str:
@@ -113,16 +122,31 @@ class Cron(Schedule):
         return ZoneInfo(self.tz)
 
     def expression_problem(self) -> str | None:
-        if not isinstance(self.expression, str) or len(self.expression.split()) not in (5, 6):
-            return f"cron must be 5 or 6 (seconds first) fields, got {self.expression!r}"
+        expression = self.expression
+        if (
+            not isinstance(expression, str)
+            or len(expression) > MAX_EXPRESSION
+            or len(expression.split()) not in (5, 6)
+        ):
+            return f"cron must be 5 or 6 (seconds first) fields, got {quoted(expression)}"
         try:
-            croniter(self.expression, second_at_beginning=self._seconds_first())
+            croniter(expression, second_at_beginning=self._seconds_first())
         except Exception as exc:
-            return f"cron {self.expression!r} does not parse: {exc}"
+            return f"cron {quoted(expression)} does not parse: {error_line(exc)}"
+        if not isinstance(self.tz, str) or len(self.tz) > MAX_EXPRESSION:
+            return f"tz must be an IANA time zone name, got {quoted(self.tz)}"
         try:
             self._zone()
         except (ZoneInfoNotFoundError, ValueError, TypeError) as exc:
-            return f"tz {self.tz!r} is not a known time zone: {exc}"
+            return f"tz {quoted(self.tz)} is not a known time zone: {error_line(exc)}"
+        # A day that never comes (Feb 30, Feb 31, Apr 31): parsed, but no tick ever, and the
+        # scheduler would fail on it each time it looks. croniter looks 50 years each way.
+        now = time.time()
+        try:
+            self._iter(now).get_next(float)
+            self._iter(now).get_prev(float)
+        except Exception:
+            return f"cron {quoted(expression)} never fires: no date matches it"
         return None
 
     def _iter(self, moment: float) -> croniter:
@@ -158,7 +182,13 @@ class Every(Schedule):
     def expression_problem(self) -> str | None:
         value = self.seconds
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e9:
-            return f"every must be a number of seconds > 0, got {value!r}"
+            return f"every must be a finite number of seconds > 0, got {quoted(value)}"
+        if value < MIN_EVERY:
+            return (
+                f"every must be at least {MIN_EVERY:g} second, got {value:g}: each tick is a "
+                "job and an idempotency key that lives idempotency_ttl (a day by default); "
+                "for faster work, run one job that loops"
+            )
         return None
 
     def _index(self, moment: float) -> int:

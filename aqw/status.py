@@ -67,11 +67,7 @@ async def gather_status(
     stats = await broker.stats()
     problems += await _redis_problems(broker)
     blocked = await blocked_leases(broker, lease_ttl or lease_ttl_of(app))
-    problems += [
-        f"job {b.job_id}: lease key held by an unknown token for {b.held_for:.0f} s; clear it "
-        f"with `aqw job release {release} {b.job_id}`"
-        for b in blocked
-    ]
+    problems += [b.problem(release) for b in blocked]
     workers = [b for b in beats if not is_monitor_heartbeat(b)]
     monitors = sorted(
         (b for b in beats if is_monitor_heartbeat(b)), key=lambda b: to_float(b.get("at"), 0.0)
@@ -346,11 +342,14 @@ def render_span(seconds: float) -> str:
     return f"{whole // 60}m {whole % 60}s" if whole >= 60 else f"{whole}s"
 
 
-def render_job(job_id: str, info: JobInfo | None, *, now: float | None = None) -> str:
+def render_job(
+    job_id: str, info: JobInfo | None, *, now: float | None = None, target: str = ""
+) -> str:
     """One job's whole record for people (``aqw job show``, ``aqw status JOB_ID``), or that
     there is none. Every value read from the broker is escaped (``aqw._text.printable``);
     the traceback and the result (pretty JSON, cut past ``RESULT_SHOWN`` characters with
-    a note of its size) are printed as lines."""
+    a note of its size) are printed as lines. ``target``: the options the command of the
+    DLQ hint needs to find the app (`` --app jobs:app``)."""
     if info is None:
         return f"job {_p(job_id)}: no record (never enqueued on this queue, or expired)\n"
     at = time.time() if now is None else now
@@ -386,7 +385,7 @@ def render_job(job_id: str, info: JobInfo | None, *, now: float | None = None) -
     ]
     if info.dlq_entry:
         entry = _p(info.dlq_entry)
-        rows.append(("dlq entry", f"{entry}  (aqw dlq show {entry})"))
+        rows.append(("dlq entry", f"{entry}  (aqw dlq show {entry}{_p(target)})"))
     lines += [f"  {name:<17} {value or '-'}" for name, value in rows if value is not None]
     if info.has_result:
         text = json.dumps(info.result, indent=2, ensure_ascii=False)

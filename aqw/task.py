@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import inspect
 import re
-import typing
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
 
-from pydantic import BaseModel, TypeAdapter, ValidationError, create_model
+from pydantic import BaseModel, ValidationError
 
+from ._codecs import PayloadCodec, ResultCodec
+from ._text import error_line
 from .brokers._flow import NO_FLOW, FlowControl
 from .context import Context
 from .errors import ConfigError
@@ -110,134 +111,6 @@ class TaskOptions:
         return [template.format(**fields) for template in self.invalidates]
 
 
-class PayloadCodec:
-    """Validates and serialises a task's payload, built once from the handler's signature.
-
-    - no payload parameter: the payload is ``None``;
-    - one parameter annotated with a pydantic model or any type pydantic can validate: the
-      payload is that value;
-    - several parameters: the payload is an object with one field per parameter.
-    """
-
-    def __init__(self, fn: Callable[..., Any], context_type: type) -> None:
-        sig = inspect.signature(fn)
-        hints = typing.get_type_hints(fn)
-        self.ctx_param: str | None = None
-        params: list[inspect.Parameter] = []
-        for param in sig.parameters.values():
-            hint = hints.get(param.name, Any)
-            if hint is context_type or param.name == "ctx":
-                self.ctx_param = param.name
-                continue
-            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-                raise ConfigError(f"task {fn.__qualname__}: *args/**kwargs are not supported")
-            params.append(param)
-        self.names = [p.name for p in params]
-        self.spread = len(params) > 1
-        self.model: type[BaseModel] | None = None
-        self.adapter: TypeAdapter[Any] | None = None
-        if self.spread:
-            fields: dict[str, Any] = {
-                p.name: (
-                    hints.get(p.name, Any),
-                    ... if p.default is inspect.Parameter.empty else p.default,
-                )
-                for p in params
-            }
-            self.model = create_model(f"{fn.__name__}_payload", **fields)
-        elif params:
-            hint = hints.get(params[0].name, Any)
-            if isinstance(hint, type) and issubclass(hint, BaseModel):
-                self.model = hint
-            else:
-                self.adapter = TypeAdapter(hint)
-        self.takes_payload = bool(params)
-        #: Payload parameters without a default (a periodic task may have none).
-        self.required = [p.name for p in params if p.default is inspect.Parameter.empty]
-        self._defaults = {p.name: p.default for p in params}
-
-    def no_payload(self) -> Any:
-        """The payload of a job enqueued without one (a periodic task's tick): None, or the
-        handler's defaults (an empty object when it takes several parameters)."""
-        if not self.takes_payload:
-            return None
-        return {} if self.spread else self._defaults[self.names[0]]
-
-    def dump(self, payload: Any) -> Any:
-        """Validate ``payload`` and return its JSON-able form; raises ValidationError."""
-        if not self.takes_payload:
-            if payload is not None:
-                raise ConfigError("this task takes no payload; pass None")
-            return None
-        if self.model is not None:
-            value = (
-                payload if isinstance(payload, self.model) else self.model.model_validate(payload)
-            )
-            return value.model_dump(mode="json")
-        assert self.adapter is not None
-        return self.adapter.dump_python(self.adapter.validate_python(payload), mode="json")
-
-    def load(self, raw: Any) -> Any:
-        """The handler's payload value from its JSON-able form; raises ValidationError."""
-        if self.model is not None:
-            return self.model.model_validate(raw)
-        if self.adapter is not None:
-            return self.adapter.validate_python(raw)
-        return None
-
-    def call_args(self, value: Any, ctx: Context) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        kwargs: dict[str, Any] = {}
-        if self.ctx_param is not None:
-            kwargs[self.ctx_param] = ctx
-        if self.spread:
-            assert isinstance(value, BaseModel)
-            for name in self.names:
-                kwargs[name] = getattr(value, name)
-            return (), kwargs
-        if self.takes_payload:
-            kwargs[self.names[0]] = value
-        return (), kwargs
-
-
-class ResultCodec:
-    """Serialises a handler's return value as JSON, checked against the handler's return
-    annotation when that is a pydantic model, and reads it back."""
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        hint = typing.get_type_hints(fn).get("return", Any)
-        self.model: type[BaseModel] | None = (
-            hint if isinstance(hint, type) and issubclass(hint, BaseModel) else None
-        )
-
-    def dump(self, value: Any, limit: int | None) -> tuple[str | None, str]:
-        """(the value as JSON text, '') or (None, why it cannot be kept)."""
-        try:
-            if self.model is not None:
-                model = value if isinstance(value, self.model) else self.model.model_validate(value)
-                text = model.model_dump_json()
-            else:
-                text = _ANY.dump_json(value).decode()
-        except Exception as exc:
-            what = "does not match its return annotation" if self.model else "is not JSON"
-            detail = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-            return None, f"the result {what}: {type(exc).__name__}: {detail}"
-        size = len(text.encode())
-        if limit is not None and size > limit:
-            return None, f"the result is {size} bytes as JSON, over max_result_bytes of {limit}"
-        return text, ""
-
-    def load(self, data: Any) -> Any:
-        """The kept value (JSON data) as the handler returned it: a model instance when the
-        return annotation is a pydantic model."""
-        if self.model is not None and data is not None:
-            return self.model.model_validate(data)
-        return data
-
-
-#: Strict JSON: a value pydantic cannot serialise (an arbitrary object) is refused.
-_ANY: TypeAdapter[Any] = TypeAdapter(Any)
-
-
 class Task(Generic[R]):
     """A registered handler. Call ``enqueue`` to run it on a worker."""
 
@@ -267,8 +140,19 @@ class Task(Generic[R]):
         return await self.fn(*args, **kwargs)
 
     def validate(self, payload: Any) -> Any:
-        """The payload's JSON-able form; raises ``pydantic.ValidationError`` when invalid."""
-        return self.codec.dump(payload)
+        """The payload's JSON-able form; raises ``pydantic.ValidationError`` when invalid,
+        and a ``ConfigError`` naming the task when it cannot be made JSON (an arbitrary
+        object, bytes that are not UTF-8, a list that contains itself)."""
+        try:
+            return self.codec.dump(payload)
+        except ValidationError:
+            raise
+        except ConfigError as exc:
+            raise ConfigError(f"task {self.name!r}: {exc}") from None
+        except Exception as exc:  # pydantic's serialisation errors, a codec's, a cycle's
+            raise ConfigError(
+                f"task {self.name!r}: the payload cannot be written as JSON: {error_line(exc)}"
+            ) from None
 
     def job_headers(
         self, payloads: Sequence[Any], bodies: Sequence[Any], headers: dict[str, str]

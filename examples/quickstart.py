@@ -59,10 +59,7 @@ async def main(broker: str, jobs: int, concurrency: int) -> int:
     elapsed = time.perf_counter() - started
     s = worker.stats
     print(f"\rprocessed {s.processed}/{jobs}" + " " * 30)
-    print(
-        f"done: {s.processed} jobs in {elapsed:.2f}s ({s.processed / elapsed:,.0f} jobs/s), "
-        f"{s.retried} retried, {s.dead} dead-lettered, {s.failed} failed runs"
-    )
+    print(f"done in {elapsed:.2f}s ({s.processed / elapsed:,.0f} jobs/s): {s.summary()}")
     depth = await app.broker.depth()
     await app.close()
     return 0 if s.processed == jobs and depth.waiting == depth.in_flight == 0 else 1

@@ -403,6 +403,31 @@ def test_a_bad_cluster_url_is_a_one_line_config_error(url: str, message: str) ->
     assert "\n" not in str(info.value) and "pw" not in str(info.value)
 
 
+def test_a_plain_redis_url_to_a_cluster_node_says_to_use_redis_cluster(cluster: Cluster) -> None:
+    """``redis://`` naming one node of a cluster meets MOVED on the first key another node
+    serves: one line that names the ``redis+cluster://`` URL, not a raw MovedError."""
+    first, other = sorted(cluster.masters())[:2]
+    queue, node = cluster.queue_on(other), f"redis://127.0.0.1:{first}/0"
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "aqw", "status", "--broker", node, "--queue", queue],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    said = f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    assert result.returncode == 2, said
+    assert result.stderr.splitlines() == [
+        f"aqw: error: this Redis is a cluster (it sent the key to 127.0.0.1:{other}): use "
+        f"redis+cluster://127.0.0.1:{other} (or rediss+cluster:// with TLS), which finds the "
+        "other nodes by itself"
+    ], said
+
+
 async def _drain_one_queue(cluster: Cluster, queue: str) -> tuple[list[int], str]:
     """30 jobs and a delayed one through a queue; the numbers run and a job's id."""
     ran: list[int] = []

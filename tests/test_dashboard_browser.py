@@ -5,7 +5,13 @@ Redis, with its embedded worker processing jobs.
 
 It watches the counts change as a job starts, opens the running job, cancels it, replays a
 dead job with an edited payload from the dead-letter pages, and checks each outcome in
-Redis; a payload holding a ``<script>`` tag renders as text and never runs.
+Redis; a payload holding a ``<script>`` tag renders as text and never runs; no page breaks
+the Content-Security-Policy, and a running job's row is one line high.
+
+A second test serves ``aqw dashboard`` on a private redis-server: the delayed page shows
+real due times; when the server stops, the page (reloaded by its own script) is the
+broker-down page naming the broker, and when it starts again the normal page comes back
+by itself.
 
 Set ``AQW_SCREENSHOTS=docs/img`` to refresh the screenshots that ``docs/dashboard.md`` shows
 (otherwise they go to the test's temporary directory). Skipped, with the reason, only when
@@ -126,6 +132,20 @@ async def _enqueue_bad_report(queue: str) -> str:
     return str(job_id)
 
 
+#: Run before any page script: collects the Content-Security-Policy violations of the page.
+WATCH_CSP = (
+    "window.__csp = [];"
+    "document.addEventListener('securitypolicyviolation',"
+    " e => window.__csp.push(e.violatedDirective + ' ' + e.blockedURI));"
+)
+#: The height of each row of a table, in lines of the body's text.
+ROW_LINES = """sel => {
+  const line = parseFloat(getComputedStyle(document.body).lineHeight);
+  return [...document.querySelectorAll(sel + ' tbody tr')]
+    .map(r => r.getBoundingClientRect().height / line);
+}"""
+
+
 def test_the_dashboard_in_chromium(server: str, queue_name: str, tmp_path: Path) -> None:
     from playwright.sync_api import sync_playwright
 
@@ -138,6 +158,7 @@ def test_the_dashboard_in_chromium(server: str, queue_name: str, tmp_path: Path)
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
             page = browser.new_page(viewport={"width": 1280, "height": 860})
+            page.add_init_script(WATCH_CSP)
             page.goto(dash + "/")
             assert page.text_content("#count-running") == "0"
 
@@ -167,8 +188,12 @@ def test_the_dashboard_in_chromium(server: str, queue_name: str, tmp_path: Path)
                 "the job's progress",
             )
             page.screenshot(path=str(shots / "dashboard-running.png"))
+            [lines] = page.evaluate(ROW_LINES, "#running")
+            assert lines < 1.9, f"a running job's row is {lines:.1f} lines high"
+            assert page.evaluate("window.__csp") == []
             page.click(f"a:has-text('{long_id}')")
             assert page.text_content("#job-state") == "running"
+            assert page.evaluate("window.__csp") == []
             page.screenshot(path=str(shots / "dashboard-job.png"))
             page.click("text=Cancel this job")
             page.click("text=Yes, do it")
@@ -187,6 +212,7 @@ def test_the_dashboard_in_chromium(server: str, queue_name: str, tmp_path: Path)
             page.click("summary")
             assert SCRIPT in (page.text_content(".payload") or "")
             assert page.evaluate("window.__xss") is None
+            assert page.evaluate("window.__csp") == []
             page.screenshot(path=str(shots / "dashboard-dlq.png"))
             page.click("text=edit & replay")
             assert SCRIPT in (page.text_content("#payload") or "")
@@ -209,7 +235,109 @@ def test_the_dashboard_in_chromium(server: str, queue_name: str, tmp_path: Path)
             page.goto(dash + "/")
             assert page.text_content("#count-dead") == "0"
             assert page.evaluate("window.__xss") is None
+            assert page.evaluate("window.__csp") == []
             page.screenshot(path=str(shots / "dashboard-overview.png"))
             browser.close()
     finally:
         raw.close()
+
+
+def _serve_dashboard(tmp_path: Path, url: str, queue: str, env: dict[str, str]) -> tuple[Any, str]:
+    """``aqw dashboard`` of ``queue`` on ``url`` in a subprocess: the process and its base URL,
+    once it says where it listens."""
+    (tmp_path / "dash_app.py").write_text(f"import aqw\napp = aqw.App({url!r}, queue={queue!r})\n")
+    port = free_port()
+    log = (tmp_path / "dashboard.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aqw", "dashboard", "dash_app:app", "--port", str(port)],
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": f"{tmp_path}:{env['PYTHONPATH']}"},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()
+    base = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        assert proc.poll() is None, (tmp_path / "dashboard.log").read_text(errors="replace")
+        try:
+            return httpx.get(base + "/", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(up, 20, "aqw dashboard to serve")
+    return proc, base
+
+
+def _heading(page: Any) -> str:
+    """The page's ``h1``, or "" while it is being reloaded."""
+    from playwright.sync_api import Error
+
+    try:
+        return page.text_content("h1", timeout=1000) or ""
+    except Error:
+        return ""
+
+
+async def _enqueue_later(url: str, queue: str) -> list[float]:
+    """Three jobs due in about 15 minutes, 3 hours and 2 days: their due times."""
+    producer = aqw.App(url, queue=queue)
+
+    @producer.task(name="later")
+    async def later(n: int) -> None:
+        return None
+
+    dues = []
+    for n, delay in enumerate((900, 3 * 3600, 2 * 86400)):
+        dues.append(time.time() + delay)
+        await later.enqueue(n, delay=delay)
+    await producer.close()
+    return dues
+
+
+def test_delayed_times_and_the_broker_down_page_in_chromium(
+    private_redis: Any, queue_name: str, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    from playwright.sync_api import sync_playwright
+
+    asyncio.run(_enqueue_later(private_redis.url, queue_name))
+    proc, base = _serve_dashboard(tmp_path, private_redis.url, queue_name, subprocess_env)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+            page = browser.new_page(viewport={"width": 1280, "height": 860})
+            page.add_init_script(WATCH_CSP)
+            page.goto(base + "/delayed")
+            dues = [t.strip() for t in page.locator("#delayed time").all_text_contents()]
+            assert len(dues) == 3 and not any("?" in d for d in dues), dues
+            for due, soon, later in zip(
+                dues,
+                ("in 14m", "in 2h 59m", "in 1d 23h"),
+                ("in 15m", "in 3h 0m", "in 2d 0h"),
+                strict=True,
+            ):
+                assert soon in due or later in due, dues
+            assert all(lines < 1.9 for lines in page.evaluate(ROW_LINES, "#delayed"))
+            page.screenshot(path=str(tmp_path / "delayed.png"))
+
+            private_redis.kill()  # its port closed: the broker is down
+            response = page.reload()
+            assert response is not None and response.status == 503
+            assert page.text_content("h1") == "Broker unreachable"
+            assert page.text_content("#broker") == f"{private_redis.url} queue={queue_name}"
+            assert "ConnectionError" in (page.text_content("#broker-error") or "")
+            page.screenshot(path=str(tmp_path / "down.png"))
+
+            private_redis.start()  # the same port again: the page comes back by itself
+            wait_for(
+                lambda: _heading(page).startswith("Delayed"),
+                30,
+                "the broker-down page to reload itself into the delayed page",
+            )
+            assert page.evaluate("window.__csp") == []
+            browser.close()
+    finally:
+        proc.terminate()
+        proc.wait(15)
+    log = (tmp_path / "dashboard.log").read_text(errors="replace")
+    assert log.count("cannot reach the broker") == 1 and log.count("answers again after") == 1, log

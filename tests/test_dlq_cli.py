@@ -268,7 +268,8 @@ async def test_show_for_people(cli: Cli, produce: Producer) -> None:
     assert fields["error"] == "ValueError: card declined for 42 EUR"
     for name in ("first failed", "last failed"):
         assert " UTC (" in fields[name] and fields[name].endswith(" ago)"), fields[name]
-    assert fields["replay"] == f"aqw dlq replay {charge.id}"
+    pasted = f"--broker {REDIS_URL} --queue {cli.queue}"  # what reaches this queue when pasted
+    assert fields["replay"] == f"aqw dlq replay {charge.id} {pasted}"
     # the traceback as lines, then the envelope once, as indented JSON
     tb = out.split("  traceback:\n", 1)[1].split("  envelope:\n", 1)[0].splitlines()
     assert tb[0] == "    Traceback (most recent call last):"

@@ -206,7 +206,7 @@ def test_quickstart_commands_against_redis() -> None:
         assert re.fullmatch(r"[0-9a-f]{32}\n", enqueued.stdout), enqueued.stdout
         worked = _run([sys.executable, "-m", "aqw", "worker", app, *target, "--burst"], timeout=60)
         assert worked.returncode == 0, _explain(worked)
-        assert "1 processed" in worked.stderr, worked.stderr
+        assert re.search(r"stopped after \d+\.\ds: 1 succeeded", worked.stderr), worked.stderr
     finally:
         client = redis.Redis.from_url(REDIS_URL)
         try:

@@ -157,7 +157,7 @@ def test_a_second_sigint_stops_at_once_and_hands_the_job_back(
 
         first.proc.send_signal(signal.SIGINT)
         wait_for(lambda: first.said("stopping gracefully"), 10, f"the first SIGINT\n{first.log}")
-        wait_for(lambda: first.said("waiting up to 30.0s for 1 running jobs"), 10, first.log)
+        wait_for(lambda: first.said("waiting up to 30.0s for 1 running job"), 10, first.log)
         time.sleep(1.0)
         assert first.proc.poll() is None, f"the worker did not wait for its job\n{first.log}"
 
@@ -167,7 +167,7 @@ def test_a_second_sigint_stops_at_once_and_hands_the_job_back(
         took = time.monotonic() - sent
         assert took < 2.5, f"{took:.1f}s to stop after the second SIGINT\n{first.log}"
         assert first.said("again: stopping at once"), first.log
-        assert first.said("1 running jobs cancelled and handed back to the queue"), first.log
+        assert first.said("1 running job cancelled and handed back to the queue"), first.log
         assert first.said("'requeued': 1"), first.log
         assert first.said("'processed': 0"), first.log
         assert r.llen(f"{tag}:test:done") == 0, "the job ran to its end in the first worker"

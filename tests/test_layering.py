@@ -51,7 +51,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("fastapi", "monitor", "status", "dashboard", "schedules"),
     ("app", "dlq", "jobs", "_arguments", "_producing", "_queue_telemetry", "_registration"),
     ("worker",),
-    ("task", "schedule", "context", "telemetry", "cache", "_cache_entry", "idempotency"),
+    ("task", "_codecs", "schedule", "context", "telemetry", "cache", "_cache_entry", "idempotency"),
     ("brokers",),
     ("lease", "_lease_backend", "_lease_keeper", "redlock", "retry"),
     (

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -99,22 +100,26 @@ async def test_a_failed_attempt_logs_a_warning_with_the_redacted_traceback(
     with caplog.at_level(logging.INFO, logger="aqw"):
         await run_burst(app)
     [warning] = about(worker_records(caplog, logging.WARNING), job_id)
-    text = warning.getMessage()
-    assert text.startswith(
-        f"job {job_id} (charge) attempt 1 failed: RuntimeError: the card was refused; retrying in"
-    ), text
-    assert "Traceback (most recent call last)" in text
-    assert 'raise RuntimeError("the card was refused") from exc' in text  # the frames are kept
-    assert "ValidationError: number: Input should be a valid integer" in text  # the cause
-    assert SECRET not in text, "the payload's value leaked into the log"
-    assert len(text) < LOG_TRACEBACK_CHARS + 500
+    text, tb = warning.getMessage(), warning.exc_text or ""
+    assert re.fullmatch(
+        f"job {job_id} \\(charge\\) attempt 1 failed: RuntimeError: the card was refused; "
+        r"retrying in \d+\.\d\ds",
+        text,
+    ), text  # one line: the traceback is the record's exc_text, not in the message
+    assert tb.startswith("Traceback (most recent call last)"), tb
+    assert 'raise RuntimeError("the card was refused") from exc' in tb  # the frames are kept
+    assert "ValidationError: number: Input should be a valid integer" in tb  # the cause
+    assert SECRET not in tb, "the payload's value leaked into the log"
+    assert len(tb) < LOG_TRACEBACK_CHARS + 500
     assert warning.exc_info is None  # no second, unredacted traceback from the handler
     assert (warning.job_id, warning.task, warning.attempt) == (job_id, "charge", 1)  # type: ignore[attr-defined]
     # the last attempt is dead-lettered, with its own traceback, once
     [error] = about(worker_records(caplog, logging.ERROR), job_id)
     assert f"job {job_id} (charge) attempt 2 dead-lettered" in error.getMessage()
-    assert error.getMessage().count('raise RuntimeError("the card was refused")') == 1
-    assert SECRET not in error.getMessage()
+    assert "\n" not in error.getMessage()
+    assert (error.exc_text or "").count('raise RuntimeError("the card was refused")') == 1
+    assert SECRET not in (error.exc_text or "")
+    assert caplog.text.count('raise RuntimeError("the card was refused")') == 2  # printed
     assert SECRET not in caplog.text
 
 
@@ -136,7 +141,7 @@ async def test_unredacted_apps_log_the_raw_traceback(
     with caplog.at_level(logging.INFO, logger="aqw"):
         await run_burst(app)
     [warning] = about(worker_records(caplog, logging.WARNING), job_id)
-    assert SECRET in warning.getMessage()
+    assert SECRET in (warning.exc_text or "")
 
 
 async def test_a_dead_lettered_job_logs_an_error_naming_its_dlq_entry(
@@ -328,3 +333,174 @@ def test_bad_formats_and_levels_are_one_line_errors(monkeypatch: pytest.MonkeyPa
         setup_logging("INFO")
     monkeypatch.setenv("AQW_LOG_FORMAT", "JSON")
     setup_logging("INFO")  # the variable is read case-insensitively (a no-op under pytest)
+
+
+# -- the fields of every finished attempt, the start and stop lines -----------------------
+
+OUTCOMES = {"succeeded", "failed", "retrying", "dead", "cancelled", "expired"}
+
+
+@pytest.mark.usefixtures("root_logging")
+async def test_every_finished_attempt_line_has_its_outcome_duration_and_error_type(
+    queue_name: str,
+) -> None:
+    """One JSON line per finished attempt, whatever its outcome, with ``outcome`` and
+    ``duration_ms``; failures add ``error_type`` and their traceback as ``exc_info``, the
+    ``message`` staying one line (as docs/operations/cli.md says)."""
+    stream = io.StringIO()
+    configure_logging("INFO", "json", stream=stream, force=True)
+    async with open_backend("memory", queue_name) as b:
+        app = b.app(retry=FAST)
+
+        @app.task(name="fine")
+        async def fine() -> None:
+            pass
+
+        @app.task(name="flaky")
+        async def flaky() -> None:
+            raise ValueError("flaky broke")
+
+        @app.task(name="no_dlq", dead_letter=False, max_retries=0)
+        async def no_dlq() -> None:
+            raise KeyError("gone")
+
+        ids = {
+            "fine": await fine.enqueue(),
+            "flaky": await flaky.enqueue(),
+            "no_dlq": await no_dlq.enqueue(),
+            "cancelled": await fine.enqueue(),
+            "expired": await fine.enqueue(expires=0.05),
+        }
+        assert await app.cancel(ids["cancelled"]) == "cancelled"
+        await asyncio.sleep(0.1)  # past the expiry of the last one
+        await run_burst(app)
+    docs = [json.loads(line) for line in stream.getvalue().splitlines()]
+    finished = [d for d in docs if "outcome" in d]
+    by_job = {
+        job: [d["outcome"] for d in finished if d.get("job_id") == j] for job, j in ids.items()
+    }
+    assert by_job == {
+        "fine": ["succeeded"],
+        "flaky": ["retrying", "dead"],
+        "no_dlq": ["failed"],
+        "cancelled": ["cancelled"],
+        "expired": ["expired"],
+    }, by_job
+    for doc in finished:
+        assert doc["outcome"] in OUTCOMES
+        assert isinstance(doc["duration_ms"], float) and doc["duration_ms"] >= 0, doc
+        assert "\n" not in doc["message"], doc
+        failed = doc["outcome"] in ("retrying", "dead", "failed")
+        assert ("error_type" in doc) == failed, doc
+        assert ("exc_info" in doc) == failed, doc
+    [dead] = [d for d in finished if d["outcome"] == "dead"]
+    assert dead["error_type"] == "ValueError" and dead["dlq_entry"]
+    assert dead["exc_info"].startswith("Traceback (most recent call last)")
+    assert dead["exc_info"].rstrip().endswith("ValueError: flaky broke")
+    [failed] = [d for d in finished if d["outcome"] == "failed"]
+    assert failed["error_type"] == "KeyError"
+
+
+@pytest.mark.usefixtures("root_logging")
+async def test_a_text_line_prints_the_traceback_under_the_message(queue_name: str) -> None:
+    stream = io.StringIO()
+    configure_logging("INFO", "text", stream=stream, force=True)
+    async with open_backend("memory", queue_name) as b:
+        app = b.app(retry=aqw.RetryPolicy(max_retries=0))
+
+        @app.task(name="broken")
+        async def broken() -> None:
+            raise ValueError("broken for good")
+
+        job_id = await broken.enqueue()
+        await run_burst(app)
+    lines = stream.getvalue().splitlines()
+    [at] = [i for i, line in enumerate(lines) if f"job={job_id}" in line]
+    assert " ERROR aqw.worker " in lines[at] and "dead-lettered" in lines[at]
+    assert lines[at + 1] == "Traceback (most recent call last):"
+    assert "ValueError: broken for good" in lines[at + 2 : at + 6]
+
+
+@pytest.mark.redis
+async def test_the_start_line_names_the_broker_and_the_stop_line_sums_up_once(
+    queue_name: str, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = aqw.App(redis_url, queue=queue_name, retry=FAST)
+
+    @app.task(name="half")
+    async def half(n: int) -> None:
+        if n % 2:
+            raise ValueError("odd")
+
+    try:
+        await half.enqueue_many([1, 2, 3, 4])
+        with caplog.at_level(logging.INFO, logger="aqw.worker"):
+            worker = await run_burst(app)
+    finally:
+        await app.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "aqw.worker"]
+    [start] = [line for line in lines if " started on " in line]
+    host = redis_url.split("://", 1)[1].split("/", 1)[0]
+    assert f"started on redis://{host}/0 queue={queue_name}: " in start, start
+    [stop] = [line for line in lines if " stopped after " in line]
+    assert re.fullmatch(
+        rf"worker {worker.name} stopped after \d+\.\ds: 2 succeeded, 2 retried, "
+        r"2 dead-lettered; 4 failed attempts in all",
+        stop,
+    ), stop
+    [record] = [r for r in caplog.records if " stopped after " in r.getMessage()]
+    assert record.stats["processed"] == 2  # type: ignore[attr-defined]
+
+
+def test_a_brokers_description_never_shows_its_password() -> None:
+    app = aqw.App("redis://user:s3cr3t-pw@127.0.0.1:6379/4", queue="q")
+    assert app.broker.describe() == "redis://127.0.0.1:6379/4 queue=q"
+
+
+@pytest.mark.redis
+@pytest.mark.usefixtures("root_logging")
+async def test_debug_logs_hide_redis_maint_notifications_noise(redis_url: str) -> None:
+    """redis-py says "Failed to enable maintenance notifications" at DEBUG on every new
+    connection to a server older than Redis 8; the command line's handler drops it."""
+    import redis.asyncio as aioredis
+
+    from aqw.cli._logs import REDIS_CONNECTION_LOGGERS, WithoutMaintNotice
+
+    async def connect_and_read(stream: io.StringIO) -> str:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            await client.ping()
+        finally:
+            await client.aclose()
+        return stream.getvalue()
+
+    raw = io.StringIO()
+    configure_logging("DEBUG", "text", stream=raw, force=True)
+    filters = [(n, f) for n in REDIS_CONNECTION_LOGGERS for f in logging.getLogger(n).filters]
+    for name, f in filters:
+        logging.getLogger(name).removeFilter(f)
+    try:
+        noisy = "maintenance notifications" in await connect_and_read(raw)
+    finally:
+        for name, f in filters:
+            logging.getLogger(name).addFilter(f)
+    if not noisy:
+        pytest.skip("this Redis server takes CLIENT MAINT_NOTIFICATIONS: no noise to hide")
+    assert any(isinstance(f, WithoutMaintNotice) for _, f in filters)
+    quiet = io.StringIO()
+    configure_logging("DEBUG", "text", stream=quiet, force=True)
+    logging.getLogger("aqw.test").debug("still at DEBUG")
+    text = await connect_and_read(quiet)
+    assert "maintenance notifications" not in text
+    assert "still at DEBUG" in text  # only that line is gone
+
+
+def test_the_stop_summary_says_each_count_once() -> None:
+    stats = aqw.WorkerStats(processed=2000, failed=40, retried=40)
+    assert stats.summary() == "2000 succeeded, 40 retried"  # each failed attempt was retried
+    stats = aqw.WorkerStats(processed=1, failed=3, retried=2, dead=1, requeued=1)
+    assert (
+        stats.summary()
+        == "1 succeeded, 2 retried, 1 dead-lettered, 1 handed back; 3 failed attempts in all"
+    )
+    assert aqw.WorkerStats().summary() == "0 succeeded"

@@ -181,7 +181,7 @@ async def _run_workers(backend: Any, count: int, seconds: float) -> list[str]:
     for _ in range(count):
         app = backend.app()
 
-        @app.task(name="tick", schedule=aqw.Every(0.5))
+        @app.task(name="tick", schedule=aqw.Every(1))
         async def tick(ctx: aqw.Context) -> None:
             keys.append(ctx.job.key or "")
 
@@ -211,14 +211,14 @@ def _check_one_per_tick(keys: list[str], every: float, at_least: int) -> None:
 
 @pytest.mark.parametrize("backend", ["memory", "fakeredis"], indirect=True)
 async def test_one_worker_enqueues_one_job_per_tick(backend: Any) -> None:
-    keys = await _run_workers(backend, 1, 3.0)
-    _check_one_per_tick(keys, 0.5, 4)
+    keys = await _run_workers(backend, 1, 3.5)
+    _check_one_per_tick(keys, 1.0, 2)
 
 
 @pytest.mark.parametrize("backend", ["memory", "fakeredis"], indirect=True)
 async def test_two_workers_enqueue_one_job_per_tick(backend: Any) -> None:
-    keys = await _run_workers(backend, 2, 3.0)
-    _check_one_per_tick(keys, 0.5, 4)
+    keys = await _run_workers(backend, 2, 3.5)
+    _check_one_per_tick(keys, 1.0, 2)
 
 
 async def test_cron_list_shows_the_schedules(capsys: pytest.CaptureFixture[str]) -> None:

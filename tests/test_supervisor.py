@@ -271,7 +271,7 @@ def test_workers_do_not_outlive_a_killed_supervisor(supervise: Callable[..., Sup
     sup = supervise(2, *WORKER)
     pids = sup.wait_started(2)
     wait_for(
-        lambda: "worker" in sup.log and sup.log.count("started: queue=") >= 2,
+        lambda: "worker" in sup.log and sup.log.count(" started on ") >= 2,
         20,
         f"the workers to run\n{sup.log}",
     )

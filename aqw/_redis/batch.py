@@ -25,6 +25,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError, NoScriptError, ResponseError, TimeoutError
 
+from .client import repeatable
 from .cluster import is_cluster
 from .scripts import Script
 
@@ -185,11 +186,16 @@ class CommandBatcher:
                 if isinstance(exc, ConnectionError | TimeoutError):
                     raise
                 return [exc]
-        pipe = self.client.pipeline(transaction=False)
-        for args in commands:
-            pipe.execute_command(*args)
+        pipe = self._pipe(commands)
         if not self._cluster:
-            return list(await pipe.execute(raise_on_error=False))
+            try:
+                return list(await pipe.execute(raise_on_error=False))
+            except ConnectionError:
+                # A pipeline of reads only is sent once more, on a new connection, as
+                # ``RepeatingRedis`` does for one command; one with a write in it is not.
+                if not all(repeatable(args) for args in commands):
+                    raise
+            return list(await self._pipe(commands).execute(raise_on_error=False))
         try:
             replies = list(await pipe.execute(raise_on_error=False))
         except (ConnectionError, TimeoutError):
@@ -198,6 +204,12 @@ class CommandBatcher:
         if any(isinstance(r, ConnectionError | TimeoutError) for r in replies):
             await self._after_lost_node()
         return replies
+
+    def _pipe(self, commands: list[tuple[Any, ...]]) -> Any:
+        pipe = self.client.pipeline(transaction=False)
+        for args in commands:
+            pipe.execute_command(*args)
+        return pipe
 
     async def _after_lost_node(self) -> None:
         """A cluster pipeline whose node failed leaves redis-py's slot map as it was

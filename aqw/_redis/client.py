@@ -9,10 +9,12 @@ from urllib.parse import parse_qsl, quote, urlencode
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from .cluster import is_cluster_url, make_cluster_client
 from .connections import with_timed_writes
+from .scripts import REPEATABLE_SHAS
 
 #: The errors of the Redis client library: for code that reports them without importing it.
 CLIENT_ERRORS: tuple[type[Exception], ...] = (RedisError,)
@@ -21,15 +23,67 @@ CLIENT_ERRORS: tuple[type[Exception], ...] = (RedisError,)
 MAX_BLOCK = 2.0
 
 
+#: Commands safe to send a second time after the first one's reply was lost with its
+#: connection: they only read (a second read answers what the first would have). A write is
+#: never among them: a lost XADD reply may belong to a job that was written.
+REPEATABLE_COMMANDS = frozenset(
+    {
+        "DBSIZE", "EXISTS", "GET", "HEXISTS", "HGET", "HGETALL", "HKEYS", "HLEN", "HMGET",
+        "HSCAN", "HVALS", "INFO", "LINDEX", "LLEN", "LRANGE", "MGET", "PING", "PTTL", "SCAN",
+        "SCARD", "SISMEMBER", "SMEMBERS", "SSCAN", "TIME", "TTL", "TYPE", "XINFO", "XLEN",
+        "XPENDING", "XRANGE", "XREVRANGE", "ZCARD", "ZCOUNT", "ZRANGE", "ZRANGEBYSCORE",
+        "ZRANK", "ZREVRANGE", "ZREVRANGEBYSCORE", "ZSCAN", "ZSCORE",
+    }
+)  # fmt: skip
+
+
+def repeatable(args: tuple[Any, ...]) -> bool:
+    """True when the command ``args`` is safe to send again after its reply was lost: a
+    read (``REPEATABLE_COMMANDS``), a ``SCRIPT LOAD``, or the EVALSHA of a script that
+    ``scripts.REPEATABLE`` lists."""
+    if not args:
+        return False
+    name, arg = _word(args[0]), _word(args[1]) if len(args) > 1 else ""
+    if name == "EVALSHA":
+        return arg.lower().encode() in REPEATABLE_SHAS
+    if name == "SCRIPT":
+        return arg == "LOAD"
+    return name in REPEATABLE_COMMANDS
+
+
+def _word(value: object) -> str:
+    """A command's name or argument as upper-case text."""
+    return (value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)).upper()
+
+
+class RepeatingRedis(Redis):
+    """A ``Redis`` client that sends a command once more, on a new connection, when the
+    first try failed with a ``ConnectionError`` and the command is ``repeatable``: the first
+    read after a Redis restart on a connection the client had not yet seen closed (it was
+    closed while a command was on its way, or no FIN ever came) answers instead of failing.
+    Any other command fails as before: the caller cannot know whether it ran."""
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        execute: Any = super().execute_command
+        try:
+            return await execute(*args, **options)
+        except RedisConnectionError:
+            if not repeatable(args):
+                raise
+        # redis-py closed the failed connection and put it back: this opens it anew.
+        return await execute(*args, **options)
+
+
 def make_client(url: str, **overrides: Any) -> Redis:
-    """A client with bounded timeouts that never re-sends a command by itself.
+    """A client with bounded timeouts that never re-sends a command that may have run.
 
     A command whose reply was lost may have run: re-sending an XADD would enqueue a job twice.
     aqw retries where it knows a step is safe to repeat (every settle script refuses a second
-    run, a lease acquire by the same token is taken again), so the client does not. A broken
-    connection is re-opened by the next command. A ``redis+cluster://`` URL gets a
-    ``RedisCluster`` with the same policy (``cluster.make_cluster_client``): it has the
-    commands of ``Redis`` that aqw uses, so it is typed as one here."""
+    run, a lease acquire by the same token is taken again), so the client does not, except
+    the reads and the few scripts it knows to be safe (``RepeatingRedis``). A connection the
+    server closed is re-opened by the next command (``connections``). A ``redis+cluster://``
+    URL gets a ``RedisCluster`` with the same policy (``cluster.make_cluster_client``): it
+    has the commands of ``Redis`` that aqw uses, so it is typed as one here."""
     options: dict[str, Any] = {
         "socket_connect_timeout": 5.0,
         "socket_timeout": MAX_BLOCK + 10.0,
@@ -41,7 +95,7 @@ def make_client(url: str, **overrides: Any) -> Redis:
     if is_cluster_url(url):
         client: Any = make_cluster_client(url, **options)
         return cast(Redis, client)
-    plain = Redis.from_url(url, **options)
+    plain = RepeatingRedis.from_url(url, **options)
     with_timed_writes(plain)  # the write bound without a task per command
     return plain
 

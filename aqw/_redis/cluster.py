@@ -22,7 +22,7 @@ from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.crc import key_slot
-from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
+from redis.exceptions import AskError, ClusterDownError, SlotNotCoveredError, TryAgainError
 
 from ..errors import ConfigError
 
@@ -36,6 +36,19 @@ CLUSTER_TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
     TryAgainError,
     SlotNotCoveredError,
 )
+
+
+def cluster_redirect(exc: BaseException) -> str | None:
+    """What to do about a ``MOVED`` or ``ASK`` reply to a plain ``redis://`` client (its URL
+    names one node of a cluster): one line naming the ``redis+cluster://`` URL to use; None
+    for any other error."""
+    if not isinstance(exc, AskError):  # MovedError is an AskError
+        return None
+    node = f"{exc.host}:{exc.port}"
+    return (
+        f"this Redis is a cluster (it sent the key to {node}): use redis+cluster://{node} "
+        "(or rediss+cluster:// with TLS), which finds the other nodes by itself"
+    )
 
 
 def is_cluster_url(url: str) -> bool:

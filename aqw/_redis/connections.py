@@ -1,5 +1,6 @@
 """Connections whose writes are bounded by ``asyncio.timeout`` rather than redis-py's
-``asyncio.wait_for``.
+``asyncio.wait_for``, and that are opened anew when the server closed them while they sat
+in the pool (``_drop_if_closed``).
 
 redis-py bounds each command's write with ``asyncio.wait_for(send, socket_timeout)``, which
 on Python 3.11 runs the write as a task of its own: about 50 us of CPU per command here
@@ -44,8 +45,28 @@ async def _send(conn: Any, send: Any, command: Any, check_health: bool) -> None:
         conn.socket_timeout = timeout
 
 
+async def _drop_if_closed(conn: Any) -> None:
+    """Disconnect ``conn`` when the server has closed it (its stream is at EOF), so the
+    ``connect`` that follows opens a new one.
+
+    The pool checks a connection it hands out, but redis-py 8.1 skips that check whenever
+    maintenance notifications are on, and they are (``"auto"``) on every RESP3 pool: a
+    connection the server closed while it sat in the pool (a Redis restart, an idle
+    timeout, ``CLIENT KILL``) was handed out as it was, and its next command failed with
+    "Connection closed by server" without having reached any server. Nothing was sent on
+    it yet, so opening a new one is right for every command, an XADD included."""
+    reader = getattr(conn, "_reader", None)
+    if reader is not None and reader.at_eof():
+        await conn.disconnect()
+
+
 class TimedConnection(Connection):
     """A TCP connection (``redis://``) with its writes bounded by a timeout scope."""
+
+    async def connect(self) -> None:
+        await _drop_if_closed(self)
+        connect: Any = super().connect
+        await connect()
 
     async def send_packed_command(
         self, command: bytes | str | Iterable[bytes], check_health: bool = True
@@ -56,6 +77,11 @@ class TimedConnection(Connection):
 class TimedSSLConnection(SSLConnection):
     """A TLS connection (``rediss://``) with its writes bounded by a timeout scope."""
 
+    async def connect(self) -> None:
+        await _drop_if_closed(self)
+        connect: Any = super().connect
+        await connect()
+
     async def send_packed_command(
         self, command: bytes | str | Iterable[bytes], check_health: bool = True
     ) -> None:
@@ -64,6 +90,11 @@ class TimedSSLConnection(SSLConnection):
 
 class TimedUnixConnection(UnixDomainSocketConnection):
     """A Unix-socket connection (``unix://``) with its writes bounded by a timeout scope."""
+
+    async def connect(self) -> None:
+        await _drop_if_closed(self)
+        connect: Any = super().connect
+        await connect()
 
     async def send_packed_command(
         self, command: bytes | str | Iterable[bytes], check_health: bool = True

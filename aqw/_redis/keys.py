@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .._text import quoted
 from ..errors import ConfigError
 
 PREFIX = "aqw"
@@ -156,6 +157,7 @@ def validate_queue_name(name: str) -> str:
     """Queue names become part of key names: keep them printable and brace-free."""
     if not name or len(name) > 200 or any(c in name for c in "{}\n\r\t ") or not name.isprintable():
         raise ConfigError(
-            f"invalid queue name {name!r}: use 1-200 printable characters without spaces or braces"
+            f"invalid queue name {quoted(name)}: use 1-200 printable characters without "
+            "spaces or braces"
         )
     return name

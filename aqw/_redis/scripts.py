@@ -44,8 +44,23 @@ class Script:
         return f"Script({self.name!r}, sha={self.sha[:8]})"
 
 
+#: The scripts safe to send again after a call's reply was lost with its connection
+#: (``client.repeatable``): a second run leaves what one run leaves and tells the caller
+#: the same. ``result_watch`` reads a record and adds an inbox to a set; ``cancel`` changes
+#: nothing the second time (its reply then reads "finished" for a job the lost call
+#: cancelled: the record says cancelled either way). Never an enqueue (a second XADD is a
+#: second job), a settle step (its second run is refused: the worker would take its own
+#: settle for a lost lease), a fetch or a lease step (each has its own rules).
+REPEATABLE = frozenset({"cancel", "result_watch"})
+#: The SHAs of the ``REPEATABLE`` scripts loaded so far, as sent (bytes).
+REPEATABLE_SHAS: set[bytes] = set()
+
+
 @cache
 def load(name: str) -> Script:
     """The script ``aqw/_redis/lua/<name>.lua``, read once per process."""
     source = resources.files("aqw._redis").joinpath("lua", f"{name}.lua").read_text("utf-8")
-    return Script(name, source)
+    script = Script(name, source)
+    if name in REPEATABLE:
+        REPEATABLE_SHAS.add(script.sha.encode())
+    return script

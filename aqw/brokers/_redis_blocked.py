@@ -75,6 +75,13 @@ class BlockedLease:
     #: Seconds its delivery has been pending untouched.
     held_for: float
 
+    def problem(self, target: str) -> str:
+        """The line ``aqw status`` prints (``target``: the options naming the app)."""
+        return (
+            f"job {self.job_id}: lease key held by an unknown token for {self.held_for:.0f} s; "
+            f"clear it with `aqw job release {target} {self.job_id}`"
+        )
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "job_id": self.job_id,

@@ -68,8 +68,8 @@ class RedisViews(BrokerViews):
             for level in higher:
                 pipe.zrange(self.keys.delayed_for(level), 0, start + count - 1, withscores=True)
             pages += await pipe.execute()
-        jobs = [
-            DelayedJob(float(due), m if isinstance(m, bytes) else m.encode())
+        jobs = [  # the scores are milliseconds since the epoch; a DelayedJob is due in seconds
+            DelayedJob(float(due) / 1000, m if isinstance(m, bytes) else m.encode())
             for page in pages
             for m, due in page
         ]

@@ -46,7 +46,8 @@ class DepthSample(NamedTuple):
 
 
 class DelayedJob(NamedTuple):
-    """One member of the delayed set: the job's wire form and when it is due."""
+    """One member of the delayed set: the job's wire form and when it is due (seconds since
+    the epoch, on every broker)."""
 
     due: float
     data: bytes

@@ -6,13 +6,20 @@ explicit 0 being a value) and the log options and setup."""
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import importlib
 import math
 import os
 import re
+import shlex
+import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
+from urllib.parse import urlsplit
+
+from pydantic import ValidationError
 
 from ..app import App
 from ._logs import LOG_FORMATS, configure_logging
@@ -27,14 +34,42 @@ APP_SPEC = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z
 
 
 class CliError(Exception):
-    """A user error: printed as one line, exit status 2."""
+    """A user error: printed as one line (and its ``details``, indented, one per line),
+    exit status 2."""
+
+    def __init__(self, message: str, details: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.details = tuple(details)
 
 
 class Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose usage errors are one line on stderr, exit status 2."""
+    """An ``ArgumentParser`` whose usage errors are one line on stderr, exit status 2,
+    pointing at the help of the subcommand they are about."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> argparse.Namespace:
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            # argparse reports an unknown option of a subcommand from the top-level parser
+            # ("see aqw --help"): the help that lists the options is the subcommand's.
+            chosen_parser(self, parsed).error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
+
+def chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Any:
+    """The deepest subcommand's parser that ``args`` chose (``aqw dlq show``), else
+    ``parser``."""
+    for action in parser._actions:
+        choices = action.choices
+        if isinstance(choices, dict) and action.dest != argparse.SUPPRESS:
+            chosen = choices.get(getattr(args, action.dest, None))
+            if isinstance(chosen, argparse.ArgumentParser):
+                return chosen_parser(chosen, args)
+    return parser
 
 
 def integer(minimum: int) -> Callable[[str], int]:
@@ -74,6 +109,11 @@ def load_app(spec: str) -> App:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise CliError(f"app {spec!r} must look like 'package.module:app'")
+    if module_name.endswith(".py") or "/" in module_name or "\\" in module_name:
+        raise CliError(
+            f"app {spec!r} names a file: name its module instead, as "
+            f"{module_spec(module_name)}:{attr} (run aqw from the directory it is in)"
+        )
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -89,6 +129,13 @@ def load_app(spec: str) -> App:
     if not isinstance(app, App):
         raise CliError(f"{spec!r} is a {type(app).__name__}, not an aqw.App")
     return app
+
+
+def module_spec(path: str) -> str:
+    """The module a file path names, as ``import`` spells it: ``./jobs.py`` -> ``jobs``,
+    ``src/shop/jobs.py`` -> ``src.shop.jobs``."""
+    parts = [p for p in re.split(r"[/\\]+", path.removesuffix(".py")) if p not in ("", ".")]
+    return ".".join(parts) or path
 
 
 def env_value(name: str, default: T, parse: Callable[[str], T]) -> T:
@@ -135,6 +182,30 @@ def resolve_app(args: argparse.Namespace, *, need_app: bool = True) -> App:
     if broker_url or queue:
         app.use_broker(broker_url or app.broker_url or "memory://", queue or app.queue)
     return app
+
+
+def validation_error(what: str, exc: ValidationError) -> CliError:
+    """The error of a value that does not fit (``payload does not fit task 'add'``):
+    pydantic's first line after ``what``, then its lines per field, without its links."""
+    first, *rest = str(exc).splitlines()
+    details = [line for line in rest if not line.strip().startswith("For further information")]
+    return CliError(f"{what}: {first}", details)
+
+
+def target_options(args: argparse.Namespace) -> str:
+    """The options a pasted ``aqw`` command needs to reach the same queue as this one, for
+    the copy-paste hints it prints (``aqw dlq show ID --app jobs:app``): ``--app``, and
+    ``--queue`` and ``--broker`` when they were given (by option or ``AQW_*`` variable);
+    a broker URL with a password is left out (set ``AQW_BROKER`` in the shell instead)."""
+    spec = getattr(args, "app", None) or os.environ.get("AQW_APP")
+    broker = getattr(args, "broker", None) or os.environ.get("AQW_BROKER")
+    queue = getattr(args, "queue", None) or os.environ.get("AQW_QUEUE")
+    words = [f"--app {shlex.quote(spec)}"] if spec else []
+    if broker and not urlsplit(broker).password:
+        words.append(f"--broker {shlex.quote(broker)}")
+    if queue:
+        words.append(f"--queue {shlex.quote(queue)}")
+    return "".join(f" {w}" for w in words)
 
 
 def looks_like_app(word: str) -> bool:
@@ -239,9 +310,45 @@ def setup_logging(level: str, *, fmt: str | None = None) -> None:
         raise CliError(str(exc)) from None
 
 
-def error_line(message: str) -> None:
-    """Write ``aqw: error: message`` to stderr in one write: the workers of ``--processes``
-    share their supervisor's stderr, and ``print``'s text and newline, written apart, can
-    interleave with another process's line."""
-    sys.stderr.write(f"aqw: error: {message}\n")
+#: The exit status of a command stopped by Ctrl-C (SIGINT), as a shell reports it.
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+
+
+class StopSignals:
+    """SIGINT and SIGTERM call ``on_stop`` (once each time) while in the ``with`` block, and
+    ``status`` says how the command ends: ``EXIT_INTERRUPTED`` after Ctrl-C, else 0."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, on_stop: Callable[[], None]) -> None:
+        self.on_stop = on_stop
+        self.received: signal.Signals | None = None
+
+    def __enter__(self) -> StopSignals:
+        loop = asyncio.get_running_loop()
+        for sig in self.SIGNALS:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self._received, sig)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in self.SIGNALS:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+
+    def _received(self, sig: signal.Signals) -> None:
+        self.received = self.received or sig
+        self.on_stop()
+
+    @property
+    def status(self) -> int:
+        return EXIT_INTERRUPTED if self.received == signal.SIGINT else 0
+
+
+def error_line(message: str, lead: str = "aqw: error: ") -> None:
+    """Write ``aqw: error: message`` (or ``lead`` and the message) to stderr in one write:
+    the workers of ``--processes`` share their supervisor's stderr, and ``print``'s text and
+    newline, written apart, can interleave with another process's line."""
+    sys.stderr.write(f"{lead}{message}\n")
     sys.stderr.flush()

@@ -33,19 +33,28 @@ async def run(args: argparse.Namespace) -> int:
     now = time.time()
     try:
         rows = await schedule_rows(app, now)
+        # Every worker of the app runs the scheduler (one of them leads): with none
+        # running, no tick is enqueued, whatever the next tick says.
+        running = bool(rows) and bool(await app.broker.heartbeats())
     finally:
         await app.close()
     if args.json:
-        print(json.dumps(rows))
+        print(json.dumps([{**row, "scheduler_running": running} for row in rows]))
         return 0
     if not rows:
         print("no periodic tasks")
         return 0
+    if not running:
+        print(
+            f"no worker is running on queue {printable(app.queue)}, so no scheduler: "
+            "no tick is enqueued until one starts (aqw worker)"
+        )
+    due = "next tick" if running else "next tick (once a worker runs)"
     for row in rows:
         print(
             f"{printable(row['task'])}  {printable(row['schedule'])}\n"
             f"  last tick: {render_time(row['last_tick'], now)}"
             + (f" (job {printable(row['last_job'])})" if row["last_job"] else "")
-            + f"\n  next tick: {render_time(row['next_tick'], now)}"
+            + f"\n  {due}: {render_time(row['next_tick'], now)}"
         )
     return 0

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .._text import printable
+from .._text import plural, printable
 from ..app import App
 from ..brokers.base import DeadJob
 from ..dlq import DeadLetters, dead_job_json
@@ -29,6 +29,8 @@ from ._common import (
     number,
     resolve_app,
     take_app,
+    target_options,
+    validation_error,
 )
 
 APP_HELP = "the app, as package.module:app (or --app, AQW_APP)"
@@ -104,7 +106,7 @@ async def run(args: argparse.Namespace) -> int:
             if args.json:
                 print(dead_job_json(dead))
             else:
-                sys.stdout.write(render_dead(dead))
+                sys.stdout.write(render_dead(dead, target_options(args)))
             return 0
         if args.dlq_command == "replay":
             if not (args.ids or args.all or args.task):
@@ -121,8 +123,8 @@ async def run(args: argparse.Namespace) -> int:
                     args.ids, all=args.all, task=args.task, edit_payload=edit, progress=_progress
                 )
             except ValidationError as exc:
-                raise CliError(f"--edit-payload does not fit the task: {exc}") from None
-            print(f"\nreplayed {n} jobs", file=sys.stderr)
+                raise validation_error("--edit-payload does not fit the task", exc) from None
+            print(f"\nreplayed {plural(n, 'job')}", file=sys.stderr)
             print(n)
             return 0
         if args.dlq_command == "purge":
@@ -221,9 +223,10 @@ async def find_dead(app: App, wanted: str) -> DeadJob:
     raise CliError(f"{missing}: no entry, no record of a job {wanted!r}, and no dead job of it")
 
 
-def render_dead(dead: DeadJob) -> str:
+def render_dead(dead: DeadJob, target: str = "") -> str:
     """A dead job for people: its fields, times as dates, the traceback as lines, the job's
-    envelope as indented JSON once, the damage found in the entry. Everything escaped."""
+    envelope as indented JSON once, the damage found in the entry. Everything escaped.
+    ``target``: the options the replay command needs (``target_options``)."""
     now = time.time()
     task = printable(dead.task) if dead.task else "(undecodable)"
     rows = [
@@ -235,7 +238,7 @@ def render_dead(dead: DeadJob) -> str:
         ("first failed", render_time(dead.first_failed_at or None, now)),
         ("last failed", render_time(dead.last_failed_at or None, now)),
         ("worker", printable(dead.worker)),
-        ("replay", f"aqw dlq replay {printable(dead.id)}"),
+        ("replay", f"aqw dlq replay {printable(dead.id)}{printable(target)}"),
     ]
     lines = [f"dead job {printable(dead.id)}"]
     lines += [f"  ! damaged entry: {printable(note)}" for note in dead.damaged]

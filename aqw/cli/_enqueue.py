@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from pydantic import ValidationError
@@ -17,6 +18,7 @@ from ._common import (
     number,
     resolve_app,
     take_app,
+    validation_error,
 )
 
 
@@ -76,8 +78,25 @@ async def run(args: argparse.Namespace) -> int:
                 priority=args.priority,
             )
         except ValidationError as exc:
-            raise CliError(f"payload does not fit task {task_name!r}: {exc}") from None
+            raise payload_error(task_name, raw, exc) from None
     finally:
         await app.close()
     print(job_id)
+    if job_id.duplicate:
+        print(
+            f"note: a job with key {args.key!r} was enqueued before: nothing new was "
+            "enqueued, this is that job's id",
+            file=sys.stderr,
+        )
     return 0
+
+
+def payload_error(task_name: str, raw: str | None, exc: ValidationError) -> CliError:
+    """The error of a payload that does not fit: pydantic's lines (``validation_error``),
+    or "no payload given" when there was none."""
+    if raw is None:
+        return CliError(
+            f"payload does not fit task {task_name!r}: no payload given "
+            f"(aqw enqueue [APP] {task_name} PAYLOAD, the payload as JSON)"
+        )
+    return validation_error(f"payload does not fit task {task_name!r}", exc)

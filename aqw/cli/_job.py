@@ -32,6 +32,7 @@ from ._common import (
     number,
     resolve_app,
     take_app,
+    target_options,
 )
 
 #: Exit status of ``aqw job wait`` by the job's final state (succeeded: 0).
@@ -104,9 +105,10 @@ async def run(args: argparse.Namespace) -> int:
     app = resolve_app(args, need_app=False)
     try:
         if args.job_command == "show":
-            return await show(app, job_id, as_json=args.json)
+            return await show(app, job_id, as_json=args.json, target=target_options(args))
         if args.job_command == "wait":
-            return await wait(app, job_id, args.timeout, as_json=args.json)
+            target = target_options(args)
+            return await wait(app, job_id, args.timeout, as_json=args.json, target=target)
         if args.job_command == "release":
             return await release(app, job_id)
         return await cancel(app, job_id)
@@ -114,20 +116,23 @@ async def run(args: argparse.Namespace) -> int:
         await app.close()
 
 
-async def show(app: App, job_id: str, *, as_json: bool) -> int:
+async def show(app: App, job_id: str, *, as_json: bool, target: str = "") -> int:
     """Print the job's record (``aqw job show``, ``aqw status JOB_ID``); no record of it
-    raises ``UnknownJob`` (exit status 6)."""
+    raises ``UnknownJob`` (exit status 6). ``target``: the options the hints' commands
+    need (``target_options``)."""
     info = await app.job(job_id)
     if info is None:
         raise UnknownJob(job_id, app.broker.queue)
     if as_json:
         print(record_json(info))
     else:
-        sys.stdout.write(render_job(job_id, info))
+        sys.stdout.write(render_job(job_id, info, target=target))
     return 0
 
 
-async def wait(app: App, job_id: str, timeout: float | None, *, as_json: bool) -> int:
+async def wait(
+    app: App, job_id: str, timeout: float | None, *, as_json: bool, target: str = ""
+) -> int:
     """Wait for the job to end, print how it ended; the exit status says how (see
     ``EXIT_BY_STATE``), 124 when ``timeout`` passed first."""
     try:
@@ -143,7 +148,7 @@ async def wait(app: App, job_id: str, timeout: float | None, *, as_json: bool) -
     if as_json:
         print(record_json(info))
     else:
-        print(final_line(info))
+        print(final_line(info, target))
         if info.state == "succeeded" and info.has_result:
             print(json.dumps(info.result, indent=2, ensure_ascii=True))
     return EXIT_BY_STATE.get(info.state, 1)
@@ -196,8 +201,9 @@ async def release(app: App, job_id: str) -> int:
     return 1
 
 
-def final_line(info: JobInfo) -> str:
-    """How a finished job ended, in one line (``aqw job wait``)."""
+def final_line(info: JobInfo, target: str = "") -> str:
+    """How a finished job ended, in one line (``aqw job wait``); ``target``: the options
+    its hint's command needs."""
     line = f"job {printable(info.id)}: {info.state}"
     if info.state == "succeeded" and info.result_note:
         line += f"; its result was not kept: {printable(info.result_note)}"
@@ -210,7 +216,7 @@ def final_line(info: JobInfo) -> str:
             line += f": {printable(said or f'{error.type}: {error.message}')}"
         if info.dlq_entry:
             entry = printable(info.dlq_entry)
-            line += f" (dlq entry {entry}: aqw dlq show {entry})"
+            line += f" (dlq entry {entry}: aqw dlq show {entry}{printable(target)})"
     return line
 
 

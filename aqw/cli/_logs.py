@@ -109,6 +109,20 @@ def json_formatter() -> logging.Formatter:
 #: Loggers of libraries kept at WARNING or above whatever the level.
 QUIET_LIBRARIES = ("aiobotocore", "botocore", "boto3", "urllib3")
 
+#: redis-py's loggers of each new connection, and the start of the DEBUG line they write on
+#: every connection to a server that predates ``CLIENT MAINT_NOTIFICATIONS`` (Redis < 8).
+REDIS_CONNECTION_LOGGERS = ("redis.asyncio.connection", "redis.connection")
+MAINT_NOTICE = "Failed to enable maintenance notifications"
+
+
+class WithoutMaintNotice(logging.Filter):
+    """Drops redis-py's "Failed to enable maintenance notifications: unknown subcommand
+    'MAINT_NOTIFICATIONS'" line: said at DEBUG on every connection, it says only that the
+    server is older than the client, and buries ``--log-level debug``'s own lines."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith(MAINT_NOTICE))
+
 
 def configure_logging(
     level: str,
@@ -149,3 +163,7 @@ def configure_logging(
     # variables.") would sit between a user's command and aqw's own lines.
     for chatty in QUIET_LIBRARIES:
         logging.getLogger(chatty).setLevel(max(numeric, logging.WARNING))
+    for name in REDIS_CONNECTION_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, WithoutMaintNotice) for f in logger.filters):
+            logger.addFilter(WithoutMaintNotice())

@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
+import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from .._redis.client import CLIENT_ERRORS
+from .._redis.cluster import cluster_redirect
 from .._text import printable
 from .._version import __version__
 from ..errors import AqwError, ConfigError, UnknownJob, UnknownTask
@@ -31,6 +35,7 @@ from . import _monitor as monitor_cli
 from . import _status as status_cli
 from . import _worker as worker_cli
 from ._common import (
+    EXIT_INTERRUPTED,
     CliError,
     Parser,
     add_log_options,
@@ -45,6 +50,8 @@ from .bench import _main as bench_cli
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 #: Exit status: no record of the job (``aqw.UnknownJob``).
 EXIT_UNKNOWN_JOB = job_cli.EXIT_UNKNOWN_JOB
+#: Exit status: the reader of the output went away (as a process ended by SIGPIPE).
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
     "worker": worker_cli.run,
@@ -97,12 +104,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         run = worker_cli.loop_runner(args) if args.command == "worker" else asyncio.run
         return run(COMMANDS[args.command](args))
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return closed_output()
     except Exception as exc:
         status = report(exc)
         if status is None:
             raise
         return status
+
+
+def closed_output() -> int:
+    """The reader of our output went away (``aqw status --watch 1 | head -3``): stop
+    quietly, with the status of a process ended by SIGPIPE. The broker clients wrap their
+    own socket errors, so a BrokenPipeError that gets here is about stdout or stderr.
+    Python would write "Exception ignored ... BrokenPipeError" when it flushes stdout at
+    exit: it is pointed at /dev/null first."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(devnull, stream.fileno())
+    os.close(devnull)
+    return EXIT_BROKEN_PIPE
 
 
 async def run_command(argv: Sequence[str]) -> int:
@@ -132,12 +155,17 @@ def report(exc: Exception) -> int | None:
         status = EXIT_USAGE
     elif isinstance(exc, AqwError):
         status = EXIT_FAILED
+    elif (redirect := cluster_redirect(exc)) is not None:
+        error_line(redirect)
+        return EXIT_USAGE
     elif isinstance(exc, (ConnectionError, OSError, *CLIENT_ERRORS)):
         error_line(f"cannot reach the broker: {printable(exc)}")
         return EXIT_FAILED
     else:
         return None
     error_line(printable(exc))
+    for line in getattr(exc, "details", ()):
+        error_line(f"  {printable(line)}", lead="")
     return status
 
 

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import signal
 from typing import Any
 
 from ..monitor import LogSink, Monitor, Sink, WebhookSink
 from ..telemetry import configure_otel, shutdown_otel
-from ._common import add_log_options, add_target, number, resolve_app
+from ._common import StopSignals, add_log_options, add_target, number, resolve_app
 
 
 def add_parser(sub: Any) -> None:
@@ -47,19 +44,13 @@ async def run(args: argparse.Namespace) -> int:
     otel = configure_otel(service_name="aqw-monitor")
     sinks: list[Sink] = [LogSink(), *(WebhookSink(url) for url in args.webhook)]
     monitor = Monitor(app, sinks=sinks, interval=args.interval, give_up_after=args.give_up_after)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, monitor.stop)
     try:
-        # Until a signal stops it, or it gives up on an unreachable broker
-        # (BrokerUnavailable: one line on stderr, exit 1).
-        await monitor.run()
+        # Until a signal stops it (Ctrl-C: exit status 130), or it gives up on an
+        # unreachable broker (BrokerUnavailable: one line on stderr, exit 1).
+        with StopSignals(monitor.stop) as signals:
+            await monitor.run()
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(sig)
         await app.close()
         if otel:
             shutdown_otel()
-    return 0
+    return signals.status

@@ -8,15 +8,21 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
-import signal
 import sys
 from typing import Any
 
 from ..app import App
 from ..status import gather_status, render
 from . import _job as job_cli
-from ._common import add_log_options, add_target, number, resolve_app, take_app
+from ._common import (
+    StopSignals,
+    add_log_options,
+    add_target,
+    number,
+    resolve_app,
+    take_app,
+    target_options,
+)
 
 
 def add_parser(sub: Any) -> None:
@@ -54,16 +60,14 @@ async def run(args: argparse.Namespace) -> int:
     """``aqw status [APP] [JOB_ID] [--json] [--watch SECONDS]``."""
     job_id = job_argument(args)
     app = resolve_app(args, need_app=False)
-    spec = getattr(args, "app", None) or os.environ.get("AQW_APP")
-    release = f"--app {spec}" if spec else "--app ..."  # how to name it to `aqw job release`
+    release = target_options(args).strip() or "--app ..."  # for `aqw job release` hints
     try:
         if job_id:
-            return await job_cli.show(app, job_id, as_json=args.json)
+            return await job_cli.show(app, job_id, as_json=args.json, target=target_options(args))
         if getattr(args, "watch", None) is None:
             _show(await gather_status(app, release), args.json, clear=False)
             return 0
-        await _watch(app, float(args.watch), args.json, release)
-        return 0
+        return await _watch(app, float(args.watch), args.json, release)
     finally:
         await app.close()
 
@@ -75,20 +79,15 @@ def _show(status: dict[str, Any], as_json: bool, clear: bool) -> None:
     sys.stdout.flush()
 
 
-async def _watch(app: App, every: float, as_json: bool, release: str) -> None:
-    """Refresh every ``every`` seconds until Ctrl-C (SIGINT) or SIGTERM."""
+async def _watch(app: App, every: float, as_json: bool, release: str) -> int:
+    """Refresh every ``every`` seconds until Ctrl-C (SIGINT, exit status 130) or SIGTERM."""
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    try:
+    clear = not as_json and sys.stdout.isatty()
+    with StopSignals(stop.set) as signals:
         while not stop.is_set():
-            _show(await gather_status(app, release), as_json, clear=not as_json)
+            # Clear the screen of a terminal; a pipe gets the screens one after the other.
+            _show(await gather_status(app, release), as_json, clear=clear)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(every, 0.1)):
                     await stop.wait()
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(sig)
+    return signals.status

@@ -7,17 +7,22 @@ import argparse
 import asyncio
 import gc
 import logging
+import math
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from .._text import error_line
 from ..brokers.base import Broker
 from ..brokers.multi import queue_plan
-from ..errors import ConfigError
+from ..errors import BrokerUnavailable, ConfigError, extra_hint
 from ..telemetry import configure_otel, shutdown_otel
+from ..worker import Worker
 from ._common import (
+    EXIT_INTERRUPTED,
     add_log_options,
     add_target,
     env_float,
@@ -25,10 +30,12 @@ from ._common import (
     integer,
     number,
     resolve_app,
+    target_options,
 )
 from .supervisor import run_supervised, worker_argv
 
 log = logging.getLogger("aqw.cli")
+log_of_worker = logging.getLogger("aqw.worker")
 
 #: The event loops ``aqw worker --loop`` runs on.
 LOOPS = ("asyncio", "uvloop")
@@ -72,6 +79,14 @@ def add_parser(sub: Any) -> None:
         "(default AQW_PRIORITY_SHARE, else 0.05)",
     )
     w.add_argument("--burst", action="store_true", help="exit when the queue is empty")
+    w.add_argument(
+        "--wait-for-broker",
+        type=number(0),
+        metavar="SECONDS",
+        help="wait up to this long for the broker to answer before starting (a compose "
+        "file's start-up race), saying so every few seconds; 0: exit at once with one line "
+        "(for systemd or Kubernetes to restart) (default AQW_WAIT_FOR_BROKER, else 0)",
+    )
     w.add_argument(
         "--loop",
         choices=LOOPS,
@@ -139,7 +154,7 @@ def loop_runner(args: argparse.Namespace) -> Callable[[Coroutine[Any, Any, int]]
         import uvloop
     except ImportError:
         raise ConfigError(
-            f"{source} uvloop: uvloop is not installed; pip install 'aqw[uvloop]'"
+            f"{source} uvloop: uvloop is not installed; {extra_hint('uvloop')}"
         ) from None
 
     def run_on_uvloop(coro: Coroutine[Any, Any, int]) -> int:
@@ -173,6 +188,48 @@ def freeze_start_up_heap() -> None:
     gc.freeze()
 
 
+#: Seconds between two "waiting for the broker" lines of ``--wait-for-broker``.
+WAIT_SAY_EVERY = 5.0
+#: Pauses between two tries to reach the broker: first and longest, in seconds.
+WAIT_FIRST, WAIT_MAX = 0.1, 1.0
+
+
+async def start_when_reachable(worker: Worker, where: str, wait: float) -> None:
+    """``worker.start()``, tried again while the broker cannot be reached, for up to ``wait``
+    seconds (0: once): one line when it starts waiting and one every ``WAIT_SAY_EVERY``
+    seconds, then ``BrokerUnavailable`` (the command's one error line) if it never answered.
+
+    Why not wait by default: under systemd (``Restart=on-failure``) or Kubernetes (a pod's
+    restart with backoff, its readiness) a worker that exits at once, with the reason, is
+    restarted by something that counts and reports the failures. A compose file starts the
+    worker and Redis together, and the worker would lose that race every time."""
+    deadline = time.monotonic() + wait
+    pause, said = WAIT_FIRST, -math.inf
+    while True:
+        try:
+            await worker.start()
+            return
+        except BrokerUnavailable as exc:
+            now = time.monotonic()
+            left = deadline - now
+            if left <= 0:
+                if wait > 0:
+                    raise BrokerUnavailable(
+                        f"{exc} (no answer for {wait:g}s of --wait-for-broker)"
+                    ) from exc
+                raise
+            if now - said >= WAIT_SAY_EVERY:
+                said = now
+                log.warning(
+                    "waiting for the broker %s to answer (%s); up to %.0fs more",
+                    where,
+                    error_line(exc.__cause__ or exc),
+                    left,
+                )
+            await asyncio.sleep(min(pause, left))
+            pause = min(pause * 2, WAIT_MAX)
+
+
 async def run(args: argparse.Namespace) -> int:
     """``aqw worker``: one worker in this process, until stopped; prints its counts."""
     app = resolve_app(args)
@@ -200,9 +257,13 @@ async def run(args: argparse.Namespace) -> int:
         queues=None if queues is None else parse_queues(queues),
         priority_share=share,
     )
+    worker.hints.target = target_options(args)  # for the hints of its log lines
+    wait: float | None = args.wait_for_broker
+    if wait is None:
+        wait = env_float("AQW_WAIT_FOR_BROKER", 0.0, minimum=0.0)
     started = time.perf_counter()
     try:
-        await worker.start()
+        await start_when_reachable(worker, app.broker.describe(), wait)
         freeze_start_up_heap()
         try:
             await worker.wait_stopped()
@@ -211,11 +272,7 @@ async def run(args: argparse.Namespace) -> int:
     finally:
         await app.close()
         shutdown_otel()
-    elapsed = time.perf_counter() - started
-    s = worker.stats
-    print(
-        f"aqw worker: {s.processed} processed, {s.retried} retried, {s.dead} dead-lettered, "
-        f"{s.failed} failed runs in {elapsed:.1f}s",
-        file=sys.stderr,
-    )
-    return 0
+    if not log_of_worker.isEnabledFor(logging.INFO):  # else its stop line said it
+        elapsed = time.perf_counter() - started
+        print(f"aqw worker: {worker.stats.summary()} in {elapsed:.1f}s", file=sys.stderr)
+    return EXIT_INTERRUPTED if worker.stopping.signal == signal.SIGINT else 0

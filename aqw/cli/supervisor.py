@@ -17,7 +17,10 @@ arguments without ``--processes``) and supervises them:
   supervisor exits 0 when all have;
 - SIGTERM or SIGINT is forwarded to every worker, which stops gracefully (running jobs get
   their grace period, unfinished ones are handed back). The supervisor waits for all of
-  them and exits 0. A second signal is forwarded too: the workers cancel their running
+  them and exits 0 (130 after SIGINT, as one worker does). The workers run in a process
+  group of their own, so the Ctrl-C of a terminal reaches them once, from the supervisor,
+  not also straight from the terminal (which would be the second signal below). A second
+  signal is forwarded too: the workers cancel their running
   jobs and hand them back at once. Workers still running ``stop_timeout`` seconds later
   (default: the ``--grace`` plus 15 s), or 5 s after a second signal, are killed, and it
   exits 1.
@@ -53,6 +56,9 @@ EXIT_USAGE = 2
 
 #: Exit status of a worker that failed: at start, most often the broker is unreachable.
 EXIT_FAILED = 1
+
+#: Exit status after a stop by SIGINT (Ctrl-C), as a shell reports a process it ended.
+EXIT_INTERRUPTED = 128 + signal.SIGINT
 
 POLL = 0.05
 
@@ -92,6 +98,7 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
         "grace",
         "priority_share",
         "loop",
+        "wait_for_broker",
     ):
         value = getattr(args, option, None)
         if value is not None:
@@ -167,7 +174,10 @@ class _Supervisor:
         # AQW_PROCESSES=1: a worker must not start a supervisor of its own.
         env = dict(os.environ, AQW_WORKER_INDEX=str(slot.index), AQW_PROCESSES="1")
         preexec: Callable[[], None] | None = _die_with_parent if sys.platform == "linux" else None
-        slot.proc = subprocess.Popen(self.command, env=env, preexec_fn=preexec)
+        # Linux: a group of its own (a terminal's Ctrl-C goes to the supervisor alone, which
+        # forwards it), and the death signal above in case the supervisor dies.
+        group = 0 if preexec is not None else None
+        slot.proc = subprocess.Popen(self.command, env=env, preexec_fn=preexec, process_group=group)
         slot.started = time.monotonic()
         slot.restart_at = None
         log.info("started worker %d (pid %d)", slot.index, slot.proc.pid)
@@ -310,7 +320,7 @@ class _Supervisor:
         for slot in self.slots:
             if slot.proc is not None:
                 code = slot.proc.wait()
-                if code not in (0, -sig, -signal.SIGKILL) and self.status == 0:
+                if code not in (0, 128 + sig, -sig, -signal.SIGKILL) and self.status == 0:
                     log.warning(
                         "worker %d (pid %d) exited %d while stopping",
                         slot.index,
@@ -320,6 +330,8 @@ class _Supervisor:
         log.info("all workers stopped")
         if killed and self.status == 0:
             return 1
+        if self.status == 0 and sig == signal.SIGINT and self.signals:
+            return EXIT_INTERRUPTED  # stopped by Ctrl-C, as one worker exits
         return self.status
 
 

@@ -200,7 +200,7 @@ async def replay_edited(dash: Dashboard, request: Request) -> Response:
 def _check_payload(dash: Dashboard, task_name: str, text: str) -> str | None:
     """Why ``text`` is not a valid payload of ``task_name``, or None."""
     try:
-        value: Any = json.loads(text)
+        value: Any = json.loads(text, parse_constant=_no_constant)
     except ValueError as exc:
         return f"payload is not JSON: {exc}"
     try:
@@ -210,3 +210,8 @@ def _check_payload(dash: Dashboard, task_name: str, text: str) -> str | None:
     except (AqwError, ValueError, TypeError) as exc:
         return f"payload refused: {exc}"
     return None
+
+
+def _no_constant(name: str) -> Any:
+    """``json.loads`` takes ``NaN`` and ``Infinity``, which are not JSON: refused."""
+    raise ValueError(f"{name} is not a JSON number")

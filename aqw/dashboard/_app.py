@@ -1,11 +1,14 @@
 """``create_app``: the dashboard as a Starlette application (routes to the pages of
-``_pages.py`` and the actions of ``_actions.py``, the assets of ``static/``)."""
+``_pages.py`` and the actions of ``_actions.py``, the assets of ``static/`` behind the same
+``auth`` hook), every response with the security headers of ``_http.py``."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -13,9 +16,12 @@ from ..errors import ConfigError
 from . import _actions as actions
 from . import _pages as pages
 from ._core import AuthHook, Dashboard
+from ._http import SecurityHeaders
 from ._queries import DashboardApp
 
 STATIC = Path(__file__).parent / "static"
+#: Seconds a page waits for the broker before it shows the broker-down page.
+BROKER_TIMEOUT = 10.0
 
 
 def create_app(
@@ -24,6 +30,7 @@ def create_app(
     read_only: bool = False,
     auth: AuthHook | None = None,
     trace_url: str | None = None,
+    broker_timeout: float = BROKER_TIMEOUT,
 ) -> Starlette:
     """The dashboard of ``app``'s queue, as an ASGI application.
 
@@ -37,13 +44,31 @@ def create_app(
             buttons for them.
         auth: called with each request (``starlette.requests.Request``); returns (or
             awaits to) True to serve it, False to answer 401 (with a ``WWW-Authenticate:
-            Basic`` challenge).
+            Basic`` challenge). It guards every page, action and asset.
         trace_url: a link template for trace ids, such as
             ``"https://tempo.example/trace/{trace_id}"``.
+        broker_timeout: seconds a page waits for the broker; past them, or when the broker
+            cannot be reached, the page is the broker-down page (503), which names the
+            broker and reloads itself until it answers.
     """
     if trace_url is not None and "{trace_id}" not in trace_url:
         raise ConfigError(f"trace_url must contain {{trace_id}}, got {trace_url!r}")
-    dash = Dashboard(app, read_only=read_only, auth=auth, trace_url=trace_url)
+    if (
+        isinstance(broker_timeout, bool)
+        or not isinstance(broker_timeout, int | float)
+        or not math.isfinite(broker_timeout)
+        or broker_timeout <= 0
+    ):
+        raise ConfigError(
+            f"broker_timeout must be a finite number of seconds above 0, got {broker_timeout!r}"
+        )
+    dash = Dashboard(
+        app,
+        read_only=read_only,
+        auth=auth,
+        trace_url=trace_url,
+        broker_timeout=float(broker_timeout),
+    )
     get = dash.endpoint
     routes = [
         Route("/", get(pages.overview), name="overview"),
@@ -60,6 +85,6 @@ def create_app(
         Route("/actions/replay", get(actions.replay, True), methods=["POST"]),
         Route("/actions/replay-edited", get(actions.replay_edited, True), methods=["POST"]),
         Route("/actions/purge", get(actions.purge, True), methods=["POST"]),
-        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+        Mount("/static", dash.guarded(StaticFiles(directory=STATIC)), name="static"),
     ]
-    return Starlette(routes=routes)
+    return Starlette(routes=routes, middleware=[Middleware(SecurityHeaders)])

@@ -24,6 +24,7 @@ from ..record import JobInfo
 from ..schedules import SchedulesApp, schedule_rows
 from ..status import gather_status
 from ..task import Task
+from ._format import reason
 
 #: Entries per page of the running, delayed and dead-letter lists.
 PAGE = 50
@@ -237,8 +238,10 @@ async def redis_health(broker: Broker) -> dict[str, Any]:
         return {"error": f"the {broker.system} broker has no Redis server"}
     try:
         info: Any = await broker.client.info("memory")
+    except broker.transient_errors:
+        raise  # the broker is down: the broker-down page says so
     except Exception as exc:  # fakeredis has no INFO; a proxy may refuse it
-        return {"error": f"INFO memory is not available: {type(exc).__name__}: {exc}"}
+        return {"error": f"INFO memory is not available: {reason(exc)}"}
     policy = str(info.get("maxmemory_policy", "?"))
     return {
         "error": None,

@@ -67,11 +67,11 @@ def traceback_text(error: BaseException, redact: bool) -> str:
 
 
 def log_traceback(error: BaseException, redact: bool) -> str:
-    """``error``'s traceback for a log line, after a newline: redacted as the DLQ's is,
+    """``error``'s traceback for a log line (its ``exc_text``): redacted as the DLQ's is,
     cut to its last ``LOG_TRACEBACK_CHARS``; empty for an error that was never raised."""
     if error.__traceback__ is None:
         return ""
     text = traceback_text(error, redact).rstrip("\n")
     if len(text) > LOG_TRACEBACK_CHARS:
         text = "... (cut)\n" + text[-LOG_TRACEBACK_CHARS:]
-    return "\n" + text
+    return text

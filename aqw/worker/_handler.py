@@ -26,6 +26,8 @@ class Outcome:
     delay: float | None = None
     #: The handler's return value ("ok").
     value: Any = None
+    #: Seconds the handler ran (for the attempt's log line).
+    duration: float = 0.0
 
 
 class _Stops:

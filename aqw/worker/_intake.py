@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from .._text import plural
 from ..brokers.base import Broker
 from ..job import Job
 from ..telemetry import Telemetry, now_ns
@@ -157,6 +158,9 @@ class Intake:
                 continue
             self.outage.ok()
             if deliveries:
-                log.info("reclaimed %d jobs abandoned by a stopped consumer", len(deliveries))
+                log.info(
+                    "reclaimed %s abandoned by a stopped consumer",
+                    plural(len(deliveries), "job"),
+                )
             for delivery in deliveries:
                 slots.offer(delivery)

@@ -38,6 +38,7 @@ from ..telemetry import Telemetry, now_ns
 from ._backoff import Backoff
 from ._deferring import check_limits, defer, start_backend
 from ._handler import Outcome, describe, run_handler
+from ._log_lines import SUCCEEDED, attempt_fields
 from ._running import RunningJob, RunningJobs, WorkerStats
 from ._settle import Settler
 from ._stats import SlidingStats
@@ -259,7 +260,7 @@ class JobPath:
             if outcome.error is not None and span is not None:
                 self.tel.record_error(span, outcome.error)
                 span.set_status(Status(StatusCode.ERROR, describe(outcome.error)))
-        elapsed = time.perf_counter() - began
+        outcome.duration = elapsed = time.perf_counter() - began
         if outcome.kind == "ok" and log.isEnabledFor(logging.INFO):
             log.info(
                 "job %s (%s) attempt %d succeeded in %.1f ms",
@@ -267,7 +268,7 @@ class JobPath:
                 job.task,
                 job.attempt,
                 elapsed * 1000,
-                extra={**job_fields(job), "duration_ms": round(elapsed * 1000, 3)},
+                extra=attempt_fields(job, SUCCEEDED, elapsed),
             )
         self.window.duration(elapsed)
         self.tel.observe("aqw.job.duration", elapsed, job.task)

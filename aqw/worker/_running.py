@@ -3,14 +3,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from .._text import plural
 from ..brokers.base import Broker
-from ..context import Context
+from ..context import Context, job_fields
 from ..job import Job
 from ..lease import Lease
 from ..telemetry import JobTrace
@@ -39,11 +42,49 @@ class WorkerStats:
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.__slots__}
 
+    def summary(self) -> str:
+        """The counters for people, those above 0 only: ``3 succeeded, 1 retried,
+        1 dead-lettered; 2 failed attempts in all``. A retried attempt is a failed one, so
+        the failed attempts are said once, as the total they are, and only when some were
+        not retried."""
+        parts = [f"{self.processed} succeeded"]
+        parts += [f"{n} {label}" for label, n in self._others() if n]
+        said = ", ".join(parts)
+        if self.failed != self.retried:
+            said += f"; {plural(self.failed, 'failed attempt')} in all"
+        return said
+
+    def _others(self) -> list[tuple[str, int]]:
+        return [
+            ("retried", self.retried),
+            ("dead-lettered", self.dead),
+            ("cancelled", self.cancelled),
+            ("expired", self.expired),
+            ("skipped as duplicates", self.duplicates_skipped),
+            ("malformed", self.malformed),
+            ("deferred by a limit", self.deferred),
+            ("handed back", self.requeued),
+            ("lost to another holder", self.lease_lost),
+            ("held by another holder", self.lease_busy),
+            ("reported stuck", self.stuck),
+            ("event-loop stalls", self.loop_blocked),
+        ]
+
 
 class RunningJob:
     """A job while it runs here: what ``app.job_status`` and the watchdog see."""
 
-    __slots__ = ("ctx", "job", "lease", "message", "progress", "published", "started", "trace")
+    __slots__ = (
+        "ctx",
+        "job",
+        "lease",
+        "message",
+        "progress",
+        "progress_dropped",
+        "published",
+        "started",
+        "trace",
+    )
 
     def __init__(self, job: Job, lease: Lease, trace: JobTrace, ctx: Context) -> None:
         self.job = job
@@ -54,6 +95,7 @@ class RunningJob:
         self.progress = 0.0
         self.message = ""
         self.published = False
+        self.progress_dropped = False  # a progress report was dropped (warned once)
 
     def state(self, worker: str) -> dict[str, str]:
         return {
@@ -80,9 +122,16 @@ class EndedRun:
         self.job = job
 
 
+log = logging.getLogger("aqw.worker")
+
 #: A running job enters the queue's running index (what ``aqw status`` and the monitor list)
 #: once it has run this long, or reports progress, so the many short jobs cost nothing there.
 STATE_AFTER = 0.5
+
+#: Seconds a progress report may take, retries through a lost connection included, before
+#: it is dropped: long enough to ride out a blip or a restart, short enough not to hold up
+#: the handler that awaits it.
+PROGRESS_WITHIN = 2.0
 
 #: Jobs that ended lately, remembered (with when) for the blocked-loop watchdog: a handler
 #: that blocks the loop may end before the watchdog wakes to name it.
@@ -159,9 +208,44 @@ class RunningJobs:
         await self._broker.set_job_state(run.job.id, run.state(self._worker), run.lease.ttl)
 
     async def report_progress(self, job_id: str, fraction: float, message: str) -> None:
-        """Record a running job's progress and publish its state at once."""
+        """Record a running job's progress and publish its state at once, best effort: a
+        lost connection is retried for up to ``PROGRESS_WITHIN`` seconds, then the report is
+        dropped with one warning per job (the next report writes the latest progress
+        anyway). Nothing but a stop of the handler itself gets out of here: a progress
+        report never fails a job."""
         run = self._runs.get(job_id)
         if run is None:
             return
         run.progress, run.message = fraction, message
-        await self.publish(run)
+        deadline = time.monotonic() + PROGRESS_WITHIN
+        delay = 0.05
+        while True:
+            try:
+                async with asyncio.timeout(max(deadline - time.monotonic(), 0.01)):
+                    await self.publish(run)
+                return
+            except self._broker.transient_errors as exc:
+                error: BaseException = exc
+            except TimeoutError as exc:  # our deadline (also a transient error)
+                error = exc
+            except Exception as exc:  # a damaged record, a script error: no retry
+                self._drop_progress(run, exc)
+                return
+            if time.monotonic() + delay >= deadline:
+                self._drop_progress(run, error)
+                return
+            await asyncio.sleep(delay)
+            delay *= 2
+
+    def _drop_progress(self, run: RunningJob, error: BaseException) -> None:
+        level = logging.DEBUG if run.progress_dropped else logging.WARNING
+        run.progress_dropped = True
+        log.log(
+            level,
+            "job %s (%s): its progress could not be written (%r); dropped, the job goes on "
+            "(later reports are dropped at DEBUG)",
+            run.job.id,
+            run.job.task,
+            error,
+            extra=job_fields(run.job),
+        )

@@ -16,8 +16,10 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from .._text import error_line
 from ..brokers import Broker, ScheduleMark
 from ..errors import ConfigError, LeaseLost, LeaseUnavailable
 from ..lease import Lease
@@ -34,6 +36,18 @@ LEADER_LOCK = "aqw-scheduler"
 LEADER_TTL = 3.0
 #: Most seconds between two looks at the lease (a follower) or at the schedules (the leader).
 POLL = 0.5
+#: Backoff of one periodic task whose step fails (not the broker's: that is an outage):
+#: first and longest pause, in seconds.
+RETRY_FIRST = 1.0
+RETRY_MAX = 60.0
+
+
+@dataclass(slots=True)
+class _Failing:
+    """A periodic task whose step failed: when it is tried again, after which pause."""
+
+    retry_at: float
+    pause: float
 
 
 class Scheduler:
@@ -59,6 +73,8 @@ class Scheduler:
         self.poll = poll
         self.leader = False
         self._transient = broker.transient_errors
+        #: The periodic tasks whose last step failed, and when each is tried again.
+        self._failing: dict[str, _Failing] = {}
 
     def check(self) -> None:
         """Refuse periodic tasks on a broker that cannot enqueue with an idempotency key."""
@@ -124,21 +140,64 @@ class Scheduler:
             await self._sleep(max(0.001, min(wait, self.poll * 2)))
 
     async def enqueue_due(self, now: float | None = None) -> float:
-        """Enqueue every periodic task's due ticks; seconds until the next tick."""
+        """Enqueue every periodic task's due ticks; seconds until the next tick. Each
+        schedule on its own: one whose step fails (a refused enqueue, a bug) is said once
+        and tried again with backoff, and the others go on; a broker error (an outage for
+        all) is raised for ``_lead`` to report."""
         now = time.time() if now is None else now
         marks = await self.broker.schedule_marks()
+        upcoming: list[float] = []
         for name, task in self.periodic.items():
             schedule = task.options.schedule
             assert schedule is not None
-            mark = marks.get(name)
-            if mark is None:  # a new schedule starts at its next tick
-                latest = schedule.latest(now)
-                await self.broker.set_schedule_mark(name, ScheduleMark(latest or now))
+            failing = self._failing.get(name)
+            if failing is not None and failing.retry_at > now:
+                upcoming.append(failing.retry_at)
                 continue
-            await self._enqueue_ticks(task, schedule, mark, now)
-        schedules = [t.options.schedule for t in self.periodic.values()]
-        upcoming = min(s.next_after(now) for s in schedules if s is not None)
-        return upcoming - time.time() + 0.001
+            try:
+                await self._handle(name, task, schedule, marks.get(name), now)
+                upcoming.append(schedule.next_after(now))
+            except self._transient:
+                raise
+            except Exception as exc:
+                upcoming.append(self._failed(name, schedule, exc, now))
+            else:
+                self._recovered(name)
+        soonest = min(upcoming) if upcoming else now + self.poll
+        return soonest - time.time() + 0.001
+
+    async def _handle(
+        self, name: str, task: Task[Any], schedule: Schedule, mark: ScheduleMark | None, now: float
+    ) -> None:
+        if mark is None:  # a new schedule starts at its next tick
+            latest = schedule.latest(now)
+            await self.broker.set_schedule_mark(name, ScheduleMark(latest or now))
+            return
+        await self._enqueue_ticks(task, schedule, mark, now)
+
+    def _failed(self, name: str, schedule: Schedule, exc: Exception, now: float) -> float:
+        """Put ``name`` off after its step raised ``exc``: said once (with the traceback),
+        then tried again after 1 s, 2 s, ... up to ``RETRY_MAX``; when to look again."""
+        failing = self._failing.get(name)
+        pause = RETRY_FIRST if failing is None else min(failing.pause * 2, RETRY_MAX)
+        if failing is None:
+            log.error(
+                "periodic task %s (%s) failed: %s; tried again with backoff (up to every "
+                "%gs), the other periodic tasks go on",
+                name,
+                schedule.describe(),
+                error_line(exc),
+                RETRY_MAX,
+                exc_info=exc,
+            )
+        else:
+            log.debug("periodic task %s failed again: %s", name, error_line(exc))
+        self._failing[name] = _Failing(now + pause, pause)
+        return now + pause
+
+    def _recovered(self, name: str) -> None:
+        if self._failing.pop(name, None) is not None:
+            log.info("periodic task %s ticks again", name)
 
     async def _enqueue_ticks(
         self, task: Task[Any], schedule: Schedule, mark: ScheduleMark, now: float

@@ -7,7 +7,8 @@ refused (another holder took the job over) is counted as a lost lease, never ret
 Each failed attempt is logged once (logger ``aqw.worker``): a WARNING with its traceback when
 it will be retried, an ERROR naming the DLQ entry when it is dead-lettered; the traceback is
 redacted as the DLQ's is and bounded (``LOG_TRACEBACK_CHARS``). Every record about a job
-carries its ``job_id``, ``task`` and ``attempt`` as ``extra`` fields (``job_fields``).
+carries its ``job_id``, ``task`` and ``attempt`` as ``extra`` fields (``job_fields``), and
+each finished attempt's its ``outcome`` and ``duration_ms`` (``_log_lines.py``).
 """
 
 from __future__ import annotations
@@ -26,10 +27,20 @@ from ..job import Job
 from ..lease import Lease
 from ..task import Task
 from ..telemetry import ATTR_DLQ_REASON, ATTR_RETRY_DELAY, JobTrace, Telemetry
-from ._attempts import failure_of, log_traceback, next_attempt
+from ._attempts import failure_of, next_attempt
 from ._backoff import with_retries
 from ._failures import ErrorTracker, RunawayGuard, fingerprint
 from ._handler import Outcome, describe
+from ._log_lines import (
+    CANCELLED,
+    SUCCEEDED,
+    Hints,
+    attempt_fields,
+    log_crashed,
+    log_dead,
+    log_failed,
+    log_retrying,
+)
 from ._running import WorkerStats
 from ._stats import SlidingStats
 
@@ -48,6 +59,7 @@ class Settler:
         record_ttl: seconds a keyed job's completion record lives.
         redact: keep payload values out of recorded tracebacks.
         within: seconds a settle step may be retried through a lost connection.
+        hints: how the copy-paste commands of its log lines name the app.
     """
 
     def __init__(
@@ -63,6 +75,7 @@ class Settler:
         record_ttl: float,
         redact: bool,
         within: float,
+        hints: Hints | None = None,
     ) -> None:
         self.broker = broker
         self.worker = worker
@@ -74,6 +87,7 @@ class Settler:
         self.record_ttl = record_ttl
         self.redact = redact
         self.within = within
+        self.hints = hints or Hints(None)
         #: When the latest retry this worker made is due (epoch seconds; 0: none yet).
         self.retry_due = 0.0
         #: The finish of a success that keeps no result, by record lifetime (immutable).
@@ -94,7 +108,7 @@ class Settler:
             await self._ack(task, delivery, job, lease, outcome, jt)
             return
         if outcome.kind == "cancelled":
-            await self.end_unrun(task, delivery, job, lease, "cancelled", jt)
+            await self.end_unrun(task, delivery, job, lease, CANCELLED, jt, outcome.duration)
             return
         error = outcome.error
         assert error is not None
@@ -111,16 +125,7 @@ class Settler:
             delay = outcome.delay
             if delay is None:
                 delay = policy.delay(job.attempt) * self.runaway.delay_factor(task.name)
-            log.warning(
-                "job %s (%s) attempt %d failed: %s; retrying in %.2fs%s",
-                job.id,
-                job.task,
-                job.attempt,
-                describe(error),
-                delay,
-                "" if isinstance(error, Retry) else self.log_traceback(error),
-                extra=job_fields(job),
-            )
+            log_retrying(job, error, delay, outcome.duration, self.redact)
             failure = self.failure(job, error, fingerprint=fp)
             if await self.retry(delivery, job, delay, lease, failure):
                 jt.settled("retry", {ATTR_RETRY_DELAY: delay})
@@ -131,10 +136,11 @@ class Settler:
             return
         self.runaway.record(task.name, False)
         if not task.options.dead_letter:
-            await self._fail(task, delivery, job, lease, error, fp, jt)
+            await self._fail(task, delivery, job, lease, error, fp, jt, outcome.duration)
             return
+        keep_for = task.options.keep_for
         entry = await self.dead_letter(
-            delivery, job, error, lease, fingerprint=fp, keep_for=task.options.keep_for
+            delivery, job, error, lease, fingerprint=fp, keep_for=keep_for, ran=outcome.duration
         )
         if entry is not None:
             jt.settled("dead_letter", {ATTR_DLQ_REASON: describe(error)})
@@ -180,7 +186,7 @@ class Settler:
                 job.id,
                 job.task,
                 job.key,
-                extra=job_fields(job),
+                extra=attempt_fields(job, SUCCEEDED, 0.0),
             )
         else:
             self.stats.processed += 1
@@ -197,8 +203,10 @@ class Settler:
         error: BaseException,
         fp: str,
         jt: JobTrace,
+        ran: float,
     ) -> None:
-        """A job of a task that keeps no dead letters failed for good: ack it as failed."""
+        """A job of a task that keeps no dead letters failed for good: ack it as failed
+        (``ran``: seconds its handler ran)."""
         failure = self.failure(job, error, fingerprint=fp)
         finish = Finish("failed", task.options.keep_for, failure=failure)
         ack = partial(self.broker.ack, delivery, job, lease, 0.0, finish)
@@ -206,15 +214,7 @@ class Settler:
             self.lost(job)
             return
         jt.settled("ack", {ATTR_DLQ_REASON: describe(error)})
-        log.error(
-            "job %s (%s) attempt %d failed for good (its task keeps no dead letters): %s%s",
-            job.id,
-            job.task,
-            job.attempt,
-            failure.error,
-            self.log_traceback(error),
-            extra=job_fields(job),
-        )
+        log_failed(job, failure.error, error, ran, self.redact)
 
     async def end_unrun(
         self,
@@ -224,9 +224,11 @@ class Settler:
         lease: Lease | None,
         state: str,
         jt: JobTrace | None = None,
+        ran: float = 0.0,
     ) -> bool:
         """End a job that was cancelled (before or while running) or expired before it
-        started: ack it with that state, never retried, never dead-lettered."""
+        started: ack it with that state, never retried, never dead-lettered (``ran``:
+        seconds its handler ran, 0 when it never started)."""
         keep_for = task.options.keep_for if task is not None else Finish().keep_for
         ack = partial(self.broker.ack, delivery, job, lease, 0.0, Finish(state, keep_for))
         if not await self.step(ack):
@@ -241,7 +243,8 @@ class Settler:
             self.stats.cancelled += 1
             how = "cancelled while running" if lease is not None else "cancelled; not run"
         self.tel.count(f"aqw.jobs.{state}", job.task)
-        log.info("job %s (%s) %s", job.id, job.task, how, extra=job_fields(job))
+        if log.isEnabledFor(logging.INFO):
+            log.info("job %s (%s) %s", job.id, job.task, how, extra=attempt_fields(job, state, ran))
         return True
 
     async def retry(
@@ -272,10 +275,12 @@ class Settler:
         payload_error: bool = False,
         fingerprint: str = "",
         keep_for: float | None = None,
+        ran: float = 0.0,
     ) -> str | None:
         """Move the delivery to the DLQ with the reason (``job`` None: it did not decode) and
-        log it at ERROR with the new entry's id; that id, or None when the step was refused
-        (counted and logged as a lost lease) or could not be sent in time."""
+        log it at ERROR with the new entry's id (``ran``: seconds the handler ran, 0 when it
+        never started); that id, or None when the step was refused (counted and logged as a
+        lost lease) or could not be sent in time."""
         failure = self.failure(job, error, payload_error, fingerprint)
         reason = failure.error
         attempts = job.attempt if job else delivery.delivery_count
@@ -297,26 +302,8 @@ class Settler:
         self.stats.dead += 1
         self.window.count("dead")
         self.tel.count("aqw.jobs.dead_lettered", job.task if job else None)
-        if job is None:
-            log.error(
-                "message %s (undecodable) dead-lettered: %s; DLQ entry %s",
-                delivery.id,
-                reason,
-                entry[0],
-                extra={"dlq_entry": entry[0]},
-            )
-        else:
-            log.error(
-                "job %s (%s) attempt %d dead-lettered: %s; DLQ entry %s (aqw dlq show %s)%s",
-                job.id,
-                job.task,
-                job.attempt,
-                reason,
-                entry[0],
-                entry[0],
-                self.log_traceback(error),
-                extra={**job_fields(job), "dlq_entry": entry[0]},
-            )
+        show = self.hints.command(f"dlq show {entry[0]}")
+        log_dead(delivery.id, job, reason, entry[0], show, error, ran, self.redact)
         return entry[0]
 
     async def give_back(self, delivery: Delivery, job: Job | None = None) -> None:
@@ -347,13 +334,7 @@ class Settler:
         retrying = (
             job is not None and task is not None and task.options.retry.retries_left(job.attempt)
         )
-        log.error(
-            "job path failed for message %s: %s%s",
-            delivery.id,
-            describe(exc),
-            self.log_traceback(exc) if retrying else "",  # else the dead-letter line has it
-            extra=job_fields(job) if job is not None else None,
-        )
+        log_crashed(delivery.id, job, exc, retrying, self.redact)
         try:
             if retrying:
                 assert job is not None and task is not None
@@ -383,10 +364,6 @@ class Settler:
     def step(self, step: Callable[[], Awaitable[bool]]) -> Awaitable[bool]:
         """Run one settle step, riding out a lost connection within ``within`` seconds."""
         return with_retries(step, within=self.within, transient=self.broker.transient_errors)
-
-    def log_traceback(self, error: BaseException) -> str:
-        """``error``'s traceback for a log line (``log_traceback``)."""
-        return log_traceback(error, self.redact)
 
     def failure(
         self,

@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from .._text import plural
 from ..brokers.base import Broker, Delivery
 
 log = logging.getLogger("aqw.worker")
@@ -76,7 +77,7 @@ class Slots:
         but let a job that is already settling finish: it is done, and cancelling it now
         would only make it run again."""
         running = {t for t in pending if t not in self.settling}
-        log.warning("cancelling %d jobs still running after %.1fs", len(running), grace)
+        log.warning("cancelling %s still running after %.1fs", plural(len(running), "job"), grace)
         deadline = time.monotonic() + within
         while pending and time.monotonic() < deadline:
             for task in pending:
@@ -84,7 +85,10 @@ class Slots:
                     task.cancel()  # again each pass: a client may swallow one cancellation
             _, pending = await asyncio.wait(pending, timeout=1.0)
         if pending:
-            log.error("%d jobs did not stop; abandoning them to redelivery", len(pending))
+            log.error(
+                "%s not stop; abandoning them to redelivery",
+                plural(len(pending), "job did", "jobs did"),
+            )
 
     def _start(self, delivery: Delivery) -> None:
         task = asyncio.get_running_loop().create_task(self._run(delivery))

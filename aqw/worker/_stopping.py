@@ -9,6 +9,7 @@ import asyncio
 import logging
 import signal
 
+from .._text import plural
 from ._slots import Slots
 
 log = logging.getLogger("aqw.worker")
@@ -21,9 +22,12 @@ class Stopping:
     def __init__(self, stop: asyncio.Event) -> None:
         self.stop = stop
         self.forced = asyncio.Event()
+        #: The first signal received (``aqw worker`` exits 130 after a SIGINT), or None.
+        self.signal: signal.Signals | None = None
 
     def on_signal(self, sig: signal.Signals) -> None:
         """SIGINT/SIGTERM: the first stops gracefully, the next one at once."""
+        self.signal = self.signal or sig
         if not self.stop.is_set():
             log.info(
                 "received %s: stopping gracefully, running jobs may finish "
@@ -52,7 +56,7 @@ class Stopping:
         loop = asyncio.get_running_loop()
         started = loop.time()
         if not self.forced.is_set():
-            log.info("waiting up to %.1fs for %d running jobs", grace, len(pending))
+            log.info("waiting up to %.1fs for %s", grace, plural(len(pending), "running job"))
         forced = asyncio.ensure_future(self.forced.wait())
         try:
             while pending and not forced.done() and (left := started + grace - loop.time()) > 0:
@@ -68,7 +72,6 @@ class Stopping:
         await slots.cancel(pending, loop.time() - started, within)
         if self.forced.is_set():
             log.warning(
-                "stopped at once: %d running jobs cancelled and handed back to the queue, "
-                "not acknowledged",
-                len(pending),
+                "stopped at once: %s cancelled and handed back to the queue, not acknowledged",
+                plural(len(pending), "running job"),
             )

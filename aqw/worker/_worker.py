@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, Protocol
 
 from .._ids import consumer_name
+from .._text import plural
 from ..brokers.base import Broker, QueueDepth
 from ..cache import Cache
 from ..context import Context
@@ -30,6 +31,7 @@ from ._heartbeat import report_stuck, stuck_jobs, summary
 from ._intake import Intake
 from ._job_path import JobPath
 from ._locks import ResourceLock
+from ._log_lines import Hints, log_started, log_stopped
 from ._options import check_options, consumed_broker, depth_readings, depths_of, route
 from ._outage import Outage
 from ._running import RunningJobs, WorkerStats
@@ -116,6 +118,8 @@ class Worker:
         ttls = [app.lease_ttl, *(t.options.lease_ttl for t in app.tasks.values())]
         self._max_ttl = max(ttls)
         self.running = RunningJobs(self.broker, self.name, self._spawn)
+        #: How the copy-paste commands of its log lines name the app (``Hints.target``).
+        self.hints = Hints(app)
         self.paths: dict[str, JobPath] = {}  # a job path per queue, on its broker and telemetry
         self.slots = Slots(concurrency, route(self.paths, self.queues))
         for queue in self.queues:
@@ -132,6 +136,7 @@ class Worker:
                 record_ttl=app.idempotency_ttl,
                 redact=app.redact_errors,
                 within=self._max_ttl,
+                hints=self.hints,
             )
             self.paths[queue] = JobPath(
                 broker=broker,
@@ -238,13 +243,7 @@ class Worker:
         cache = self.app.cache
         if cache is not None and cache.on_event is None and self.tel.metering:
             cache.on_event = self.tel.cache_hook()
-        log.info(
-            "worker %s started: queue=%r concurrency=%d tasks=%s",
-            self.name,
-            ",".join(self.queues),
-            self.concurrency,
-            ", ".join(sorted(self.app.tasks)),
-        )
+        log_started(self.name, self.broker, self.queues, self.concurrency, self.app.tasks)
 
     async def run(self) -> None:
         """Run until stopped by a signal, ``request_stop``, or (burst) an empty queue."""
@@ -281,7 +280,7 @@ class Worker:
         try:  # a read cancelled above may already have taken entries for this consumer
             given = await self.broker.give_back_unstarted(set(self.slots.jobs.values()))
             if given:
-                log.info("handed back %d jobs fetched as the worker stopped", given)
+                log.info("handed back %s fetched as the worker stopped", plural(given, "job"))
         except self._transient as exc:
             log.warning("could not hand back fetched jobs (%r); they are reclaimed later", exc)
         await self._drain(grace)
@@ -295,7 +294,7 @@ class Worker:
         if self.handle_signals:
             self._remove_signal_handlers()
         self.state = "stopped"
-        log.info("worker %s stopped: %s", self.name, self.stats.as_dict())
+        log_stopped(self.name, time.time() - self.started_at, self.stats)
 
     async def _drain(self, grace: float) -> None:
         await self.stopping.drain(self.slots, grace, self._max_ttl)

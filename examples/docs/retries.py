@@ -39,7 +39,7 @@ async def main() -> None:
     worker = app.worker(burst=True)
     await worker.run()
     s = worker.stats
-    print(f"processed={s.processed} retried={s.retried} dead={s.dead} failed runs={s.failed}")
+    print(f"succeeded={s.processed} retried={s.retried} dead={s.dead} failed attempts={s.failed}")
     assert (s.processed, s.retried, s.dead) == (2, 3, 2)
 
     for error in worker.errors.top(5):  # error fingerprints: type + where, counted

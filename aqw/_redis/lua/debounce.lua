@@ -12,6 +12,19 @@
 --   ARGV[9] the job's JSON after its id, ARGV[10] task, ARGV[11] enqueued_at, ARGV[12]
 --   expires_at ('' none), ARGV[13] key
 -- Returns {the waiting job's id, 1 if an earlier waiting job was replaced else 0}.
+-- All or nothing: the numbers are checked before the first write (the ZREM below).
+local function ms(value, low)
+  local n = tonumber(value)
+  if n and n == n and n >= low and n <= 1e14 and n % 1 == 0 then
+    return n
+  end
+  return nil
+end
+for i = 2, 6 do
+  if not ms(ARGV[i], i == 4 and 0 or 1) then
+    return redis.error_reply('ERR aqw debounce: bad time argument ' .. i .. '; nothing written')
+  end
+end
 local final = {succeeded = true, failed = true, dead = true, cancelled = true, expired = true}
 local prefix = ARGV[1]
 local now = tonumber(ARGV[2])

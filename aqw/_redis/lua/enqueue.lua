@@ -10,8 +10,20 @@
 --   into the stream), ARGV[4] run_at (seconds; '' unless due later), ARGV[5] expires_at
 --   ('' none), ARGV[6] idempotency key ('' none), then per job (4): job JSON, job id, task,
 --   enqueued_at
--- Returns one reply per job: 1.
+-- Returns one reply per job: 1. All or nothing: the numbers are checked before the first
+-- write (a TTL PEXPIRE refuses must not leave a job behind with a record that never expires).
 local prefix, keep, due, run_at, expires, key = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+-- A whole number of milliseconds in [low, 1e14] (1e14 ms: some 3,000 years), or nil.
+local function ms(value, low)
+  local n = tonumber(value)
+  if n and n == n and n >= low and n <= 1e14 and n % 1 == 0 then
+    return n
+  end
+  return nil
+end
+if not ms(keep, 1) or not ms(due, 0) or (#ARGV - 6) % 4 ~= 0 then
+  return redis.error_reply('ERR aqw enqueue: bad record ttl, due time or job count; nothing written')
+end
 local out = {}
 for a = 7, #ARGV, 4 do
   local rec = prefix .. 'job:' .. ARGV[a + 1]

@@ -5,7 +5,11 @@
 -- KEYS[1] the stream of the job's level, KEYS[2] the job's record (aqw:{q}:job:<id>)
 -- ARGV[1] job JSON, ARGV[2] task, ARGV[3] enqueued_at, ARGV[4] record ttl in ms,
 --   ARGV[5] expires_at (absent: none)
--- Returns 1.
+-- Returns 1. All or nothing: the record ttl is checked before the first write.
+local keep = tonumber(ARGV[4])
+if not keep or keep ~= keep or keep < 1 or keep > 1e14 or keep % 1 ~= 0 then
+  return redis.error_reply('ERR aqw enqueue: bad record ttl; nothing written')
+end
 redis.call('XADD', KEYS[1], '*', 'j', ARGV[1])
 redis.call('DEL', KEYS[2])
 if ARGV[5] then

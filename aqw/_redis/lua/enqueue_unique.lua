@@ -6,7 +6,18 @@
 -- ARGV[1] job id, ARGV[2] idempotency record ttl in ms, ARGV[3] job JSON, ARGV[4] due time in
 -- ms (0: now), ARGV[5] run_at (seconds; '' unless due later), ARGV[6] task, ARGV[7] attempts,
 -- ARGV[8] enqueued_at, ARGV[9] expires_at ('' none), ARGV[10] key, ARGV[11] job record ttl ms
--- Returns {job id, 1 if the key already had a job (nothing written) else 0}.
+-- Returns {job id, 1 if the key already had a job (nothing written) else 0}. All or nothing:
+-- the numbers are checked before the first write.
+local function ms(value, low)
+  local n = tonumber(value)
+  if n and n == n and n >= low and n <= 1e14 and n % 1 == 0 then
+    return n
+  end
+  return nil
+end
+if not ms(ARGV[2], 1) or not ms(ARGV[4], 0) or not ms(ARGV[11], 1) then
+  return redis.error_reply('ERR aqw enqueue: bad key ttl, due time or record ttl; nothing written')
+end
 local existing = redis.call('GET', KEYS[1])
 if existing then
   return {existing, 1}
