@@ -17,20 +17,24 @@ Where each number comes from:
 - counters: the broker's lifetime ``stats()``;
 - problems: damaged state found on the way (a heartbeat that is not JSON or not of a
   worker's shape, left out of every sum; on Redis, a fencing counter that would make every
-  job lease fail, and stats fields that are not integers). Everything printed from the
-  broker is escaped, so stored terminal escapes never reach the screen.
+  job lease fail, stats fields that are not integers, and job lease keys no live worker
+  holds, which block their jobs: ``blocked``, the broker's ``server`` part). Everything
+  printed from the broker is escaped, so stored terminal escapes never reach the screen.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ._readback import split_heartbeats, to_float, to_int
 from ._text import printable
 from .brokers.base import Broker
+from .brokers.messages import BlockedLease
+from .job import Job
 from .monitor import format_age as _age
 from .monitor import is_monitor_heartbeat
 from .record import JobInfo
@@ -38,21 +42,35 @@ from .record import JobInfo
 if TYPE_CHECKING:
     from .app import App
 
+#: A job's lease TTL when no app says (``aqw.App``'s default).
+DEFAULT_LEASE_TTL = 30.0
+
 EVENTS = ("processed", "failed", "retried", "dead", "skipped")
 
 
-async def gather_status(app_or_broker: App | Broker) -> dict[str, Any]:
+async def gather_status(
+    app_or_broker: App | Broker,
+    release: str = "--app ...",
+    lease_ttl: Callable[[Job | None], float] | None = None,
+) -> dict[str, Any]:
     """Everything ``aqw status`` shows, as a JSON-able dict.
 
     Nothing read back is trusted (``aqw._readback``): a heartbeat that is not JSON or not of
     the shape workers publish is left out of every sum and named in ``problems``, as are a
-    damaged fencing counter and stats counters that are not integers (Redis)."""
+    damaged fencing counter, stats counters that are not integers and lease keys no live
+    worker holds (Redis; ``release``: how ``aqw job release`` names the app in the hint;
+    ``lease_ttl``: a job's lease TTL, by default its task's in the app)."""
+    app = None if isinstance(app_or_broker, Broker) else app_or_broker
     broker = app_or_broker if isinstance(app_or_broker, Broker) else app_or_broker.broker
     depth = await broker.depth()
     beats, problems = split_heartbeats(await broker.status.heartbeats())
     stats = await broker.stats()
+    blocked: list[BlockedLease] = []
     if broker.server is not None:  # damage in the queue's own keys (Redis)
         problems += await broker.server.problems()
+        ttl_of = lease_ttl or (app.lease_ttl_of if app is not None else _default_ttl)
+        blocked = await broker.server.blocked_leases(ttl_of)
+        problems += [b.problem(release) for b in blocked]
     workers = [b for b in beats if not is_monitor_heartbeat(b)]
     monitors = sorted(
         (b for b in beats if is_monitor_heartbeat(b)), key=lambda b: to_float(b.get("at"), 0.0)
@@ -86,9 +104,15 @@ async def gather_status(app_or_broker: App | Broker) -> dict[str, Any]:
         else {"name": monitor.get("monitor"), "at": monitor.get("at")},
         "counters": stats,
         "problems": problems,
+        "blocked": [b.as_dict() for b in blocked],
         "heartbeats_local": _local_heartbeats(broker, bool(workers)),
         "in_process": broker.in_process,
     }
+
+
+def _default_ttl(job: Job | None) -> float:
+    """A job's lease TTL when no app says: ``aqw.App``'s default."""
+    return DEFAULT_LEASE_TTL
 
 
 def _local_heartbeats(broker: Broker, seen: bool) -> str | None:

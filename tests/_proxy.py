@@ -9,7 +9,9 @@
 
 ``latency`` (seconds) delays every chunk forwarded from client to server, in order;
 ``slow = (pattern, seconds)`` delays only the chunks that contain ``pattern`` (and, to keep
-the order, what follows them on the same connection).
+the order, what follows them on the same connection); ``stalls = (share, seconds)`` holds
+that share of the chunks, in either direction, that much longer (and what follows them on
+the same connection, as TCP does with a lost segment), drawn from ``random`` (seed it).
 :meth:`cut` closes every open connection (a connection reset mid-stream).
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 
 
 class TcpProxy:
@@ -25,6 +28,9 @@ class TcpProxy:
         self.mode = "pass"
         self.latency = 0.0
         self.slow: tuple[bytes, float] | None = None
+        self.stalls: tuple[float, float] | None = None
+        self.random = random.Random(0)
+        self.stalled = 0  # chunks held by ``stalls``
         self.port = 0
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -74,6 +80,9 @@ class TcpProxy:
                 delay = self.latency if upstream else 0.0
                 if upstream and self.slow is not None and self.slow[0] in data:
                     delay = max(delay, self.slow[1])
+                if self.stalls is not None and self.random.random() < self.stalls[0]:
+                    self.stalled += 1
+                    delay += self.stalls[1]
                 lagged.put_nowait((asyncio.get_running_loop().time() + delay, data))
         except (OSError, asyncio.IncompleteReadError):
             pass

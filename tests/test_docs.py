@@ -307,7 +307,7 @@ def _subcommand(words: list[str]) -> str:
         return ""
     if words[0] == "dlq" and len(words) > 1 and words[1] in ("list", "show", "replay", "purge"):
         return f"dlq {words[1]}"
-    if words[0] == "job" and len(words) > 1 and words[1] in ("show", "wait", "cancel"):
+    if words[0] == "job" and len(words) > 1 and words[1] in ("show", "wait", "cancel", "release"):
         return f"job {words[1]}"
     if words[0] == "cron" and len(words) > 1 and words[1] == "list":
         return "cron list"

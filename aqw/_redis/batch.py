@@ -7,6 +7,12 @@ command is sent at once, so latency does not suffer.
 Calls of a *mergeable* script (one written to take many items, see ``ack.lua``) queued in the
 same moment are also merged into a single EVALSHA, so the server runs one script for a
 hundred jobs instead of a hundred scripts.
+
+What must not wait (lease renewals and the checks sent with them) goes by the ``priority``
+lane: what is queued there in one moment goes out at once, as one pipeline on a connection
+of its own, never behind a round trip already in flight (the main lane's or its own). Over a
+slow link a renewal queued behind a pipelined round trip would otherwise spend two round
+trips, and their stalls, of its lease's margin.
 """
 
 from __future__ import annotations
@@ -49,12 +55,26 @@ class _Item:
 class CommandBatcher:
     """Sends the commands queued by concurrent callers as one pipeline per round trip."""
 
-    def __init__(self, client: Redis, max_batch: int = 512) -> None:
+    def __init__(self, client: Redis, max_batch: int = 512, *, overlap: bool = False) -> None:
         self.client = client
         self.max_batch = max_batch
         self._cluster = is_cluster(client)
         self._queue: list[_Call | _Item] = []
         self._flusher: asyncio.Task[None] | None = None
+        #: Send each moment's commands at once, beside the round trips in flight.
+        self._overlap = overlap
+        self._sending: set[asyncio.Task[None]] = set()
+        self._lane: CommandBatcher | None = self if overlap else None
+
+    @property
+    def priority(self) -> CommandBatcher:
+        """The lane on the same client for what must not wait (lease renewals): the
+        commands queued there in one moment go out together at once (two loop iterations
+        after the first: what a renewal gathers, its keep-alive checks, joins it), each
+        pipeline on its own connection from the client's pool."""
+        if self._lane is None:
+            self._lane = CommandBatcher(self.client, self.max_batch, overlap=True)
+        return self._lane
 
     def execute(self, *args: Any) -> asyncio.Future[Any]:
         """Queue one command; the future resolves to its reply (or its error)."""
@@ -83,9 +103,33 @@ class CommandBatcher:
 
     def _push(self, item: _Call | _Item) -> asyncio.Future[Any]:
         self._queue.append(item)
-        if self._flusher is None or self._flusher.done():
+        if self._overlap:
+            if len(self._queue) == 1:  # the first of this moment: it goes out with the rest
+                loop = asyncio.get_running_loop()
+                loop.call_soon(loop.call_soon, self._send_now)
+        elif self._flusher is None or self._flusher.done():
             self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
         return item.fut
+
+    def _send_now(self) -> None:
+        """The priority lane: send what is queued now, beside any round trip in flight."""
+        batch, self._queue = self._queue, []
+        for i in range(0, len(batch), self.max_batch):
+            task = asyncio.get_running_loop().create_task(
+                self._send_all(batch[i : i + self.max_batch])
+            )
+            self._sending.add(task)  # the loop holds tasks weakly: keep it until it is done
+            task.add_done_callback(self._sending.discard)
+
+    async def _send_all(self, batch: list[_Call | _Item]) -> None:
+        try:
+            await self._send(batch)
+        except BaseException as exc:  # also on cancellation: no caller may hang
+            for item in batch:
+                if not item.fut.done():
+                    item.fut.set_exception(_as_exception(exc))
+            if isinstance(exc, asyncio.CancelledError):
+                raise
 
     async def _flush_loop(self) -> None:
         while self._queue:

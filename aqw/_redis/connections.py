@@ -13,6 +13,7 @@ a timeout scope).
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -23,6 +24,8 @@ from redis.asyncio.connection import (
     UnixDomainSocketConnection,
 )
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .cluster import is_cluster
 
 
 async def _send(conn: Any, send: Any, command: Any, check_health: bool) -> None:
@@ -112,3 +115,20 @@ def with_timed_writes(client: Any) -> None:
     another connection class is left as it is)."""
     pool = client.connection_pool
     pool.connection_class = TIMED.get(pool.connection_class, pool.connection_class)
+
+
+#: Connections a consuming process opens up front (``open_spares``): its lease acquires and
+#: renewals go by the batcher's priority lane, several round trips at once, and should find
+#: an idle connection, not open one: a new connection costs round trips of the leases'
+#: margin (the connect, and redis-py's CLIENT SETINFO after it), in bursts.
+SPARE_CONNECTIONS = 8
+_spared: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+async def open_spares(client: Any, n: int = SPARE_CONNECTIONS) -> None:
+    """Open ``n`` connections of ``client``'s pool at once (best effort, once per client; a
+    cluster client's pools are left to open on demand)."""
+    if client in _spared or is_cluster(client):
+        return
+    _spared.add(client)
+    await asyncio.gather(*(client.ping() for _ in range(n)), return_exceptions=True)

@@ -15,6 +15,7 @@ from ..brokers.base import DEFAULT_PRIORITY_SHARE, check_partitions
 from ..brokers.multi import check_queue
 from ..cache import Cache
 from ..errors import ConfigError, UnknownTask
+from ..job import Job
 from ..record import DEFAULT_KEEP_FOR, JobInfo
 from ..retry import RetryPolicy
 from ..task import Enqueued, Handler, Task
@@ -153,6 +154,12 @@ class App:
         if isinstance(broker, str):
             return from_url(broker, queue, partitions=self.partitions)
         return with_partitions(broker, self.partitions)
+
+    def lease_ttl_of(self, job: Job | None) -> float:
+        """The lease TTL ``job`` runs under: its task's, else the app's (also for None: a
+        message that does not decode)."""
+        task = self.tasks.get(job.task) if job is not None else None
+        return task.options.lease_ttl if task is not None else self.lease_ttl
 
     def __repr__(self) -> str:
         broker = type(self.broker).__name__

@@ -225,3 +225,44 @@ class DelayedJob(NamedTuple):
 
     due: float
     data: bytes
+
+
+#: What ``ServerInfo.release_lease`` did.
+Released = Literal["released", "no lease", "held", "changed", "unsupported"]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockedLease:
+    """A job blocked by a lease key that no live worker holds (damaged or forged state:
+    crash recovery waits for a job's lease key to go, so such a key blocks it for ever)."""
+
+    job_id: str
+    #: The lease key's value: the token of the unknown holder (as stored, maybe not text).
+    token: bytes
+    #: Seconds its delivery has been pending untouched.
+    held_for: float
+
+    def problem(self, target: str) -> str:
+        """The line ``aqw status`` prints (``target``: the options naming the app)."""
+        return (
+            f"job {self.job_id}: lease key held by an unknown token for {self.held_for:.0f} s; "
+            f"clear it with `aqw job release {target} {self.job_id}`"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "token": self.token.decode("utf-8", "replace"),
+            "held_for": round(self.held_for, 1),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """What ``ServerInfo.release_lease`` did: ``outcome``, the token seen, and for ``held``
+    the live holder and how long its lease has left."""
+
+    outcome: Released
+    token: bytes = b""
+    worker: str = ""
+    expires_in: float = 0.0

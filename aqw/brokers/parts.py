@@ -27,12 +27,20 @@ written outside aqw may use them (and says ``shared = False`` by using them).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..job import Job
 from ..record import DEFAULT_KEEP_FOR, JobInfo
-from .messages import CancelOutcome, DelayedJob, DepthSample, ScheduleMark
+from .messages import (
+    BlockedLease,
+    CancelOutcome,
+    DelayedJob,
+    DepthSample,
+    Release,
+    ScheduleMark,
+)
 
 __all__ = [
     "PART_NAMES",
@@ -219,4 +227,16 @@ class ServerInfo(Part, Protocol):
 
     async def delete_queue(self) -> int:
         """Delete everything the queue keeps on the server; how many keys went."""
+        ...
+
+    async def blocked_leases(
+        self, lease_ttl: Callable[[Job | None], float], limit: int = 20
+    ) -> list[BlockedLease]:
+        """Up to ``limit`` jobs blocked by a lease key that no live worker holds (damaged or
+        forged state), longest blocked first; ``lease_ttl``: a job's lease TTL."""
+        ...
+
+    async def release_lease(self, job_id: str) -> Release:
+        """Delete job ``job_id``'s lease key, only if no live worker holds it and it still
+        holds the token read first (``aqw job release``): never done silently."""
         ...

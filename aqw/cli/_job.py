@@ -1,11 +1,14 @@
-"""``aqw job show|wait|cancel``: one job's record from the command line, waiting for its end,
-cancelling it. Everything printed from the broker is escaped (``aqw._text.printable``,
-``ensure_ascii`` JSON), so no stored terminal escape reaches the screen.
+"""``aqw job show|wait|cancel|release``: one job's record from the command line, waiting for
+its end, cancelling it, clearing a lease key no live worker holds (``release``: damaged state,
+the broker's ``server`` part). Everything printed from the broker is escaped
+(``aqw._text.printable``, ``ensure_ascii`` JSON), so no stored terminal escape reaches the
+screen.
 
 Exit status, besides 0 (done), 1 (failed, e.g. the broker unreachable) and 2 (usage):
 ``wait`` exits 3 when the job failed or is dead, 4 cancelled, 5 expired and 124 when
 ``--timeout`` passed first (as ``timeout(1)`` does); every command exits 6 when there is no
-record of the job (``aqw.UnknownJob``: never enqueued on this queue, or its record expired).
+record of the job (``aqw.UnknownJob``: never enqueued on this queue, or its record expired);
+``release`` exits 1 when a live worker holds the lease (nothing is deleted).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 
 from .._text import printable
 from ..app import App
+from ..brokers.messages import Release
 from ..errors import UnknownJob
 from ..record import JobInfo
 from ..status import render_job
@@ -46,12 +50,12 @@ CANCELLED = {
 
 
 def add_parser(sub: Any) -> None:
-    """Add ``aqw job`` and its three commands to the command line's subparsers. Each takes
+    """Add ``aqw job`` and its four commands to the command line's subparsers. Each takes
     ``[APP] JOB_ID``: the app as a first argument, ``--app`` or ``AQW_APP``, or a bare
     ``--broker``."""
     j = sub.add_parser(
         "job",
-        help="one job: show its record, wait for its end, cancel it",
+        help="one job: show its record, wait for its end, cancel it, release its lease",
         description="One job by its id. Exit status: 0 done, 1 failed, 2 usage, 3 the job "
         "failed or is dead, 4 cancelled, 5 expired (wait), 6 no record of the job, "
         "124 wait --timeout passed.",
@@ -65,7 +69,13 @@ def add_parser(sub: Any) -> None:
         "5 expired, 6 unknown, 124 timed out",
     )
     cancel = jsub.add_parser("cancel", help="cancel the job (it never runs, or its handler stops)")
-    for p in (show, wait, cancel):
+    release = jsub.add_parser(
+        "release",
+        help="delete the job's lease key when no live worker holds it (a key left or forged "
+        "by someone else blocks the job: aqw status names it); refused, exit 1, while a "
+        "worker runs the job",
+    )
+    for p in (show, wait, cancel, release):
         p.add_argument("first", nargs="?", metavar="APP", help=APP_HELP)
         p.add_argument("job_id", metavar="JOB_ID", help="the job's id (as enqueue printed it)")
         add_target(p, positional_app=False)
@@ -99,6 +109,8 @@ async def run(args: argparse.Namespace) -> int:
         if args.job_command == "wait":
             target = target_options(args)
             return await wait(app, job_id, args.timeout, as_json=args.json, target=target)
+        if args.job_command == "release":
+            return await release(app, job_id)
         return await cancel(app, job_id)
     finally:
         await app.close()
@@ -154,6 +166,40 @@ async def cancel(app: App, job_id: str) -> int:
     else:
         print(CANCELLED[outcome])
     return 0
+
+
+async def release(app: App, job_id: str) -> int:
+    """``aqw job release``: delete the job's lease key if it still holds the token read, and
+    no live worker holds it (its record reads running with a lease expiry ahead)."""
+    server = app.broker.server  # None: job leases live in the worker process (memory, SQS)
+    done = await server.release_lease(job_id) if server is not None else Release("unsupported")
+    token = printable(done.token.decode("utf-8", "replace"))[:80]
+    job = printable(job_id)
+    if done.outcome == "released":
+        print(
+            f"job {job}: released its lease key (token {token!r}); the job runs again once a "
+            "worker reclaims its delivery (within its lease_ttl)"
+        )
+        return 0
+    if done.outcome == "no lease":
+        print(f"job {job}: no lease key: nothing to release")
+        return 0
+    if done.outcome == "held":
+        error_line(
+            f"job {job}: not released: worker {printable(done.worker)} holds its lease "
+            f"(expiring in {done.expires_in:.0f} s, renewed while the job runs)"
+        )
+    elif done.outcome == "changed":
+        error_line(
+            f"job {job}: not released: its lease key changed while it was read (another "
+            "holder took it); run aqw status again"
+        )
+    else:
+        error_line(
+            f"job {job}: the {app.broker.system} broker keeps job leases in the worker "
+            "process: there is no lease key to release"
+        )
+    return 1
 
 
 def final_line(info: JobInfo, target: str = "") -> str:

@@ -60,13 +60,14 @@ async def run(args: argparse.Namespace) -> int:
     """``aqw status [APP] [JOB_ID] [--json] [--watch SECONDS]``."""
     job_id = job_argument(args)
     app = resolve_app(args, need_app=False)
+    release = target_options(args).strip() or "--app ..."  # for `aqw job release` hints
     try:
         if job_id:
             return await job_cli.show(app, job_id, as_json=args.json, target=target_options(args))
         if getattr(args, "watch", None) is None:
-            _show(await gather_status(app), args.json, clear=False)
+            _show(await gather_status(app, release), args.json, clear=False)
             return 0
-        return await _watch(app, float(args.watch), args.json)
+        return await _watch(app, float(args.watch), args.json, release)
     finally:
         await app.close()
 
@@ -78,14 +79,14 @@ def _show(status: dict[str, Any], as_json: bool, clear: bool) -> None:
     sys.stdout.flush()
 
 
-async def _watch(app: App, every: float, as_json: bool) -> int:
+async def _watch(app: App, every: float, as_json: bool, release: str) -> int:
     """Refresh every ``every`` seconds until Ctrl-C (SIGINT, exit status 130) or SIGTERM."""
     stop = asyncio.Event()
     clear = not as_json and sys.stdout.isatty()
     with StopSignals(stop.set) as signals:
         while not stop.is_set():
             # Clear the screen of a terminal; a pipe gets the screens one after the other.
-            _show(await gather_status(app), as_json, clear=clear)
+            _show(await gather_status(app, release), as_json, clear=clear)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(every, 0.1)):
                     await stop.wait()

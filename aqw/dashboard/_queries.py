@@ -43,6 +43,7 @@ class DashboardApp(SchedulesApp, Protocol):
     def get_task(self, name: str) -> Task[Any]: ...
     async def job(self, job_id: str) -> JobInfo | None: ...
     async def cancel(self, job_id: str) -> CancelOutcome: ...
+    def lease_ttl_of(self, job: Job | None) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +81,7 @@ def decode(data: bytes) -> Job | None:
 async def overview(app: DashboardApp) -> dict[str, Any]:
     """The overview: ``aqw status``'s numbers, the retrying jobs among the ``RETRY_SCAN``
     soonest due, and the depth history of the last ``CHART_SPAN`` seconds."""
-    status = await gather_status(app.broker)
+    status = await gather_status(app.broker, lease_ttl=app.lease_ttl_of)
     views = app.broker.history  # None: the broker keeps no history (SQS)
     soon = await views.delayed_page(0, RETRY_SCAN) if views is not None else []
     retrying = sum(1 for d in soon if (job := decode(d.data)) is not None and job.attempt > 1)
@@ -115,7 +116,8 @@ async def workers(app: DashboardApp) -> list[dict[str, Any]]:
 
 
 async def running(app: DashboardApp) -> dict[str, Any]:
-    """Up to ``PAGE`` running jobs (oldest start first), with the in-flight total."""
+    """Up to ``PAGE`` running jobs (oldest start first), with the in-flight total, and the
+    jobs blocked by a lease key no live worker holds (``aqw job release`` clears one)."""
     states = await app.broker.records.running_states(PAGE)
     depth = await app.broker.depth()
     rows = [
@@ -128,7 +130,9 @@ async def running(app: DashboardApp) -> dict[str, Any]:
         }
         for s in states
     ]
-    return {"rows": rows, "total": max(depth.in_flight, len(rows))}
+    server = app.broker.server  # None: no lease keys to block a job (memory, SQS)
+    blocked = await server.blocked_leases(app.lease_ttl_of) if server is not None else []
+    return {"rows": rows, "total": max(depth.in_flight, len(rows)), "blocked": blocked}
 
 
 async def delayed(app: DashboardApp, start: int) -> dict[str, Any]:

@@ -1,11 +1,72 @@
 """``LeaseKeeper``: one task that renews many leases, and one timer that stops their blocks
-at their deadlines, so a worker running thousands of jobs runs no timer per job."""
+at their deadlines, so a worker running thousands of jobs runs no timer per job; and
+``RenewalTimes``: how long a worker's renewals take, which moves them earlier on a slow link.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Protocol
+
+log = logging.getLogger("aqw.lease")
+
+#: Renewal timeouts (``RenewalTimes.timeout``) left between a renewal's send and its lease's
+#: expiry: one for the renewal, slow as it may be, and one for a retry after a failed try.
+MARGIN_TIMEOUTS = 2
+
+
+class RenewalTimes:
+    """The round trips of one worker's lease acquires and renewals (its ``LeaseKeeper``'s;
+    a lease with no keeper has its own), smoothed as TCP does it (RFC 6298): ``srtt`` and
+    ``rttvar``, and ``timeout`` = ``srtt + 4 * rttvar``, the time a renewal may take, stalls
+    included, before it is late. Each renewal goes out early enough to leave
+    ``MARGIN_TIMEOUTS`` of that before its lease expires (``renew_after``). The first
+    renewal that took more than a third of the time its lease had left is reported, once,
+    with the numbers."""
+
+    def __init__(self) -> None:
+        self.srtt = 0.0
+        self.rttvar = 0.0
+        self.warned = False
+
+    @property
+    def timeout(self) -> float:
+        return self.srtt + 4 * self.rttvar
+
+    def took(
+        self, seconds: float, margin: float | None = None, key: str = "", ttl: float = 0.0
+    ) -> None:
+        """A round trip of ``seconds``: an acquire's, or the renewal of lease ``key`` (of
+        ``ttl`` seconds) sent with ``margin`` seconds left on it."""
+        if self.srtt == 0.0:
+            self.srtt, self.rttvar = seconds, seconds / 2
+        else:
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - seconds)
+            self.srtt = 0.875 * self.srtt + 0.125 * seconds
+        if margin is not None and seconds > margin / 3 and not self.warned:
+            self.warned = True
+            log.warning(
+                "lease renewals are slow for their margin: renewing %r (ttl %.1f s) took %.0f "
+                "ms of the %.0f ms its lease had left (round trips: %.0f ms smoothed, %.0f ms "
+                "with their variation); renewals now go out at least %d of those before the "
+                "expiry. Over a link this slow raise lease_ttl (docs/concepts/leases.md, "
+                "sizing lease_ttl)",
+                key,
+                ttl,
+                seconds * 1000,
+                margin * 1000,
+                self.srtt * 1000,
+                self.timeout * 1000,
+                MARGIN_TIMEOUTS,
+            )
+
+    def renew_after(self, ttl: float, every: float) -> float:
+        """Seconds from a renewal's send to the next one's: ``every``, or sooner, so that
+        ``MARGIN_TIMEOUTS`` renewal timeouts are left before the lease expires (never sooner
+        than a tenth of ``ttl``: past that only a longer TTL helps)."""
+        return max(ttl / 10, min(every, ttl - MARGIN_TIMEOUTS * self.timeout))
 
 
 class Renewable(Protocol):
@@ -15,6 +76,10 @@ class Renewable(Protocol):
     def renewing(self) -> bool: ...
     @property
     def next_renewal(self) -> float: ...
+    @property
+    def renew_early(self) -> float:
+        """Seconds before ``next_renewal`` it may be renewed, with others due then."""
+
     @property
     def deadline(self) -> float:
         """Loop time at which the lease's block must be stopped (inf: none to stop)."""
@@ -28,7 +93,8 @@ class Renewable(Protocol):
 class LeaseKeeper:
     """Renews many leases from one task, so a worker running thousands of jobs does not
     need a timer task per job. Renewals due together share one pipelined round trip when
-    the backend batches commands.
+    the backend batches commands, and a lease due soon (within its ``renew_early``) is
+    renewed with those due now, so renewals go out in fewer, fuller round trips.
 
     It also keeps one timer, in the loop's timer heap, at the earliest deadline of its
     leases (``watch``), instead of one per lease: when it fires, every lease past its
@@ -36,6 +102,8 @@ class LeaseKeeper:
     iteration, ahead of their own later timers, as a timer of their own would."""
 
     def __init__(self) -> None:
+        #: How long this keeper's renewals take (shared by its leases).
+        self.times = RenewalTimes()
         self._leases: set[Renewable] = set()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -111,7 +179,7 @@ class LeaseKeeper:
             for lease in list(self._leases):
                 if lease.renewing:
                     continue
-                if lease.next_renewal <= t:
+                if lease.next_renewal - lease.renew_early <= t:  # due, or soon: renewed together
                     step = loop.create_task(lease.renew_once())
                     self._steps.add(step)
                     step.add_done_callback(self._steps.discard)

@@ -2,8 +2,9 @@
 
 ``async with Lease(redis, "customer:7", ttl=10) as lease:`` acquires the key with
 ``SET key token NX PX ttl`` and a fencing token from ``INCR``, renews it in the background
-every ``ttl/3`` with an atomic compare-token-then-``PEXPIRE``, and releases it on exit with an
-atomic compare-token-then-``DEL``.
+every ``ttl/3`` (sooner when the renewals' round trips need it: ``RenewalTimes``) with an
+atomic compare-token-then-``PEXPIRE``, and releases it on exit with an atomic
+compare-token-then-``DEL``.
 
 The block's deadline is the lease's *confirmed expiry*: the moment the last successful renewal
 (or the acquire) was sent, plus ``ttl``. When a renewal is refused, or the process was paused or
@@ -19,13 +20,14 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 from .._cancel import Canceller
 from .._ids import new_token, now
 from .._redis.lease import RedisLeaseBackend
 from ..errors import ConfigError, LeaseLost, LeaseUnavailable
-from ._keeper import LeaseKeeper
+from ._backend import LeaseBackend, is_lease_backend
+from ._keeper import LeaseKeeper, RenewalTimes
 
 __all__ = ["KeepAlive", "Lease", "LeaseBackend", "is_lease_backend"]
 
@@ -35,31 +37,6 @@ KeepAlive = Callable[[], Awaitable[bool]]
 
 #: Fire-and-forget cleanup tasks (releases after a cancelled acquire), referenced until done.
 _background: set[asyncio.Task[None]] = set()
-
-
-class LeaseBackend(Protocol):
-    """Where leases live. Each method is atomic on the server side."""
-
-    async def acquire(self, key: str, token: str, ttl_ms: int) -> int | None:
-        """Take ``key`` for ``token``; the fencing token on success, None when held."""
-
-    async def renew(self, key: str, token: str, ttl_ms: int) -> bool:
-        """Extend ``key`` to ``ttl_ms`` from now if ``token`` still holds it."""
-
-    async def release(self, key: str, token: str) -> bool:
-        """Delete ``key`` if ``token`` still holds it."""
-
-
-_backend_classes: set[type] = set()  # defining every method: checked once (a Lease per job)
-
-
-def is_lease_backend(obj: object) -> bool:
-    """True for a ``LeaseBackend`` (anything else given to a Lease is taken for a Redis
-    client, without importing redis here)."""
-    names, kind = ("acquire", "renew", "release"), type(obj)
-    if kind not in _backend_classes and all(callable(getattr(kind, n, None)) for n in names):
-        _backend_classes.add(kind)
-    return kind in _backend_classes or all(callable(getattr(obj, n, None)) for n in names)
 
 
 class Lease:
@@ -74,9 +51,11 @@ class Lease:
         ttl: seconds the lease lives without renewal.
         wait: seconds to wait for a held key before raising ``aqw.LeaseUnavailable``;
             ``None`` or ``0`` fails fast.
-        renew_every: seconds between renewals (default ``ttl / 3``).
-        keep_alive: an extra check run with every renewal; returning False loses the lease
-            (the runtime uses it to keep a broker delivery from being reclaimed).
+        renew_every: seconds between renewals (default ``ttl / 3``); sooner while two
+            renewal timeouts of the measured round trips would not fit in what is left.
+        keep_alive: an extra check sent with every renewal (beside it: one round trip where
+            the backend batches); returning False loses the lease (the runtime uses it to
+            keep a broker delivery from being reclaimed).
         keeper: a shared ``LeaseKeeper`` to renew many leases from one task instead of a
             task per lease.
 
@@ -120,10 +99,13 @@ class Lease:
         self.lost_reason: str | None = None
         self._keep_alive = keep_alive
         self._keeper = keeper
+        self._times = keeper.times if keeper is not None else RenewalTimes()
         self._ttl_ms = max(1, int(ttl * 1000))
         self._state = "new"  # new -> held -> (handed_over | released)
         self._expires_mono = 0.0
         self.next_renewal = 0.0
+        #: Seconds before ``next_renewal`` that a keeper renews it with others due then.
+        self.renew_early = 0.0
         self.renewing = False
         self._renewer: asyncio.Task[None] | None = None
         self._guard: Canceller | None = None
@@ -209,8 +191,8 @@ class Lease:
                 raise asyncio.CancelledError
             if fence is not None:
                 self.fencing_token = fence
-                self._expires_mono = sent + self.ttl
-                self.next_renewal = sent + self.renew_every
+                self._times.took(loop.time() - sent)
+                self._confirmed(sent)
                 self._state = "held"
                 self.waited = sent - started
                 return
@@ -349,6 +331,22 @@ class Lease:
             await asyncio.sleep(max(0.0, self.next_renewal - loop.time()))
             await self.renew_once()
 
+    def _confirmed(self, sent: float) -> None:
+        """The acquire or a renewal sent at ``sent`` is confirmed: the expiry is ``sent`` plus
+        the TTL (its send decides, not its reply), and the next renewal is planned."""
+        after = self._times.renew_after(self.ttl, self.renew_every)
+        self._expires_mono = sent + self.ttl
+        self.next_renewal, self.renew_early = sent + after, after / 2
+
+    async def _renew_and_check(self) -> tuple[bool, bool]:
+        """The renewal and the ``keep_alive`` check, sent together: one round trip where the
+        backend batches (the check's answer counts only when the renewal succeeded)."""
+        renewal = self.backend.renew(self.key, self.token, self._ttl_ms)
+        if self._keep_alive is None:
+            return await renewal, True
+        ok, alive = await asyncio.gather(renewal, self._keep_alive())
+        return ok, ok and alive
+
     async def renew_once(self) -> None:
         """Renew once, retrying transient errors until the lease's own deadline (what the
         renewal task, or a ``LeaseKeeper``, runs at ``next_renewal``)."""
@@ -363,11 +361,10 @@ class Lease:
                     detail = f": {last_error!r}" if last_error else ""
                     self._lose(f"could not renew before the lease expired{detail}")
                     return
-                sent = loop.time()
+                sent = loop.time()  # its send decides the confirmed expiry, not its reply
                 try:
                     async with asyncio.timeout(remaining):
-                        ok = await self.backend.renew(self.key, self.token, self._ttl_ms)
-                        alive = ok and (self._keep_alive is None or await self._keep_alive())
+                        ok, alive = await self._renew_and_check()
                 except TimeoutError:
                     self._lose("renewal did not complete before the lease expired")
                     return
@@ -381,9 +378,9 @@ class Lease:
                 elif not alive:
                     self._lose("the delivery is no longer ours (reclaimed or acknowledged)")
                 elif self.lost_reason is None:
+                    self._times.took(loop.time() - sent, remaining, self.key, self.ttl)
                     self.renewals += 1
-                    self._expires_mono = sent + self.ttl
-                    self.next_renewal = sent + self.renew_every
+                    self._confirmed(sent)
                     if self._guard is not None:
                         self._guard.move(self._expires_mono)
                     for callback in self._on_renewed:

@@ -69,6 +69,7 @@ class WorkerApp(Protocol):
     @property
     def telemetry(self) -> Telemetry: ...
     def payload_limit(self, task_name: str | None) -> int | None: ...
+    def lease_ttl_of(self, job: Job | None) -> float: ...
     def broker_for(self, queue: str) -> Broker: ...
     def telemetry_for(self, queue: str) -> Telemetry: ...
 
@@ -167,7 +168,7 @@ class Worker:
             self.tel,
             prefetch=prefetch,
             burst=burst,
-            lease_ttl=self._lease_ttl_of,
+            lease_ttl=self.app.lease_ttl_of,
             min_ttl=min(ttls),
             outage=self.outage,
             retry_due=lambda: max(p.settler.retry_due for p in self.paths.values()),
@@ -317,11 +318,6 @@ class Worker:
         self.stopping.on_signal(sig)
 
     # -- background loops ------------------------------------------------------------------
-
-    def _lease_ttl_of(self, job: Job | None) -> float:
-        """The lease TTL a job runs under (the app's for one that does not decode)."""
-        task = self.app.tasks.get(job.task) if job is not None else None
-        return task.options.lease_ttl if task is not None else self.app.lease_ttl
 
     async def _heartbeat_loop(self) -> None:
         """Publish this worker's summary every ``heartbeat`` seconds; several times a second,

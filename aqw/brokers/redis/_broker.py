@@ -28,6 +28,7 @@ from ..._redis import scripts as _scripts
 from ..._redis.batch import CommandBatcher
 from ..._redis.client import MAX_BLOCK, describe_broker, make_client
 from ..._redis.cluster import CLUSTER_TRANSIENT_ERRORS
+from ..._redis.connections import open_spares
 from ..._redis.keys import GROUP, QueueKeys
 from ..._redis.lease import RedisLeaseBackend
 from ..._redis.waiters import JobWaiters
@@ -159,6 +160,11 @@ class RedisBroker(Broker):
 
     # -- consuming -------------------------------------------------------------------------
 
+    async def start_consuming(self, consumer: str) -> None:
+        """Also opens the connections its lease renewals go by (``open_spares``)."""
+        await super().start_consuming(consumer)
+        await open_spares(self.client)
+
     async def fetch(self, count: int, block: float, share: float = 0.0) -> list[Delivery]:
         """Highest priority level first (a share from the lowest waiting one), reading the
         levels in use in the same step (``RedisLevels.fetch``); ``block`` <= 0: no wait."""
@@ -208,8 +214,9 @@ class RedisBroker(Broker):
         return max(0.0, int(next_due) / 1000 - time.time())
 
     async def keep_alive(self, delivery: Delivery) -> bool:
+        """Sent with each renewal of the job's lease: by the batcher's priority lane."""
         stream, entry_id = locate(self.keys, delivery)  # the stream of its level
-        ok = await self.batcher.script(
+        ok = await self.batcher.priority.script(
             self._keep_alive, [stream], [GROUP, self._holder(delivery), entry_id]
         )
         return bool(ok)

@@ -75,7 +75,8 @@ class RedisJobLease:
         jobs, job, limits = self._jobs, self._job, self._limits
         values = () if limits is None else _limit_args(limits)
         try:
-            fence = await jobs.batcher.merged(
+            # by the priority lane, as the renewals: the lease's expiry counts from this send
+            fence = await jobs.batcher.priority.merged(
                 jobs.job_start,
                 (jobs.keys.fence,),
                 _start_head(jobs.prefix, self._worker, ttl_ms),
@@ -103,7 +104,7 @@ class RedisJobLease:
         jobs = self._jobs
         expires = repr(time.time() + ttl_ms / 1000)
         caps = self._limits.cap_keys if self._limits is not None else ()
-        renewed = await jobs.batcher.script(
+        renewed = await jobs.batcher.priority.script(  # never behind other traffic
             jobs.job_renew,
             [key, jobs.keys.record(self._job.id), *(jobs.keys.slots(c) for c in caps)],
             [token, ttl_ms, self._fence, expires, ms(UNFINISHED_KEEP)],

@@ -102,7 +102,8 @@ class RedisJobRecords:
 
     async def cancel_requested(self, job_id: str) -> bool:
         try:
-            flag = await self._batcher.execute("HGET", self._keys.record(job_id), "cancel")
+            # asked with each renewal of the job's lease: by the priority lane, as the renewal
+            flag = await self._batcher.priority.execute("HGET", self._keys.record(job_id), "cancel")
         except ResponseError:  # WRONGTYPE: not a record aqw wrote
             return False
         return flag in (b"1", "1")

@@ -1,13 +1,14 @@
 """The Redis server a queue lives on, for operators (``RedisServer``, a ``ServerInfo``
 part): its memory and eviction policy (the dashboard's health box), damage in the queue's
 own keys that stops its work (``aqw status``: a fencing counter every job lease would fail
-on, stats fields that are not integers), the commands it has run and the deletion of every
+on, stats fields that are not integers, lease keys no live worker holds: ``_blocked.py``),
+the commands it has run and the deletion of every
 key of the queue (``aqw bench``). One part per queue; a partitioned queue's covers each of
 its partitions' keys."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
@@ -15,6 +16,9 @@ from redis.asyncio import Redis
 from ..._readback import shown, to_int
 from ..._redis.keys import QueueKeys
 from ..._redis.lease import RedisLeaseBackend
+from ...job import Job
+from ..messages import BlockedLease, Release
+from ._blocked import blocked_leases, release_lease
 
 
 class RedisServer:
@@ -110,3 +114,13 @@ class RedisServer:
         for i in range(0, len(found), 500):
             await self._client.delete(*found[i : i + 500])
         return len(found)
+
+    async def blocked_leases(
+        self, lease_ttl: Callable[[Job | None], float], limit: int = 20
+    ) -> list[BlockedLease]:
+        """Jobs blocked by a lease key no live worker holds, in every partition."""
+        return await blocked_leases(self._client, self._keys, lease_ttl, limit)
+
+    async def release_lease(self, job_id: str) -> Release:
+        """``aqw job release``: in the partition the job id names."""
+        return await release_lease(self._client, self._keys, job_id)
