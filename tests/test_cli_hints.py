@@ -167,6 +167,9 @@ def test_missing_extras_say_how_to_add_them(project: Path) -> None:
     line = one_line(run(project, without("starlette", "dashboard", "jobs:app")), 2)
     assert "needs the dashboard extra (no module named 'starlette')" in line, line
     assert "pip install starlette jinja2 uvicorn (the dashboard extra;" in line, line
+    line = one_line(run(project, without("aioboto3", "status", "--broker", "sqs://q")), 2)
+    assert "the sqs:// broker needs the 'sqs' extra: pip install aioboto3 (the sqs extra;" in line
+    assert "aqw[" not in line.replace("'.[sqs]'", ""), line
 
 
 def test_the_dashboard_without_its_extra_is_a_one_line_import_error(project: Path) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from urllib.parse import urlsplit
 
-from ..errors import ConfigError
+from ..errors import ConfigError, extra_hint
 from . import memory, redis
 from .base import Broker, check_partitions
 from .messages import (
@@ -72,9 +72,7 @@ def _sqs(url: str, queue: str, partitions: int | None) -> Broker:
     try:
         from .sqs import SQSBroker
     except ImportError as exc:  # pragma: no cover - depends on installed extras
-        raise ConfigError(
-            "the sqs:// broker needs the 'sqs' extra: pip install 'aqw[sqs]'"
-        ) from exc
+        raise ConfigError(f"the sqs:// broker needs the 'sqs' extra: {extra_hint('sqs')}") from exc
     broker: Broker = SQSBroker.from_url(url, queue)
     return broker
 

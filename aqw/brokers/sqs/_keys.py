@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol, runtime_checkable
 from urllib.parse import urlsplit, urlunsplit
 
-from ...errors import ConfigError
+from ...errors import ConfigError, extra_hint
 from ...job import Job
 from ..messages import ScheduleMark
 from ._keys_redis import RedisKeyStore
@@ -140,7 +140,7 @@ def open_store(url: str) -> KeyStore:
     except ImportError as exc:
         raise ConfigError(
             f"sqs:// option records={scheme_of(url)}://... needs asyncpg: "
-            f"pip install 'aqw[sqs,postgres]' ({exc})"
+            f"{extra_hint('postgres')} ({exc})"
         ) from exc
     return PostgresKeyStore(url)
 
