@@ -26,6 +26,7 @@ from ...errors import JobCancelled, UnknownJob
 from ...job import Job
 from ...record import DEFAULT_KEEP_FOR, FINAL_STATES, UNFINISHED_KEEP, JobInfo, stamp
 from ..messages import CancelOutcome
+from .wakeup import resolve
 
 #: Most records kept; past it those closest to their end are dropped first (a process that
 #: runs millions of jobs a day must not grow without bound).
@@ -360,5 +361,4 @@ class LocalJobRecords:
 
     def _wake(self, job_id: str, info: JobInfo | None) -> None:
         for fut in self._waiters.pop(job_id, ()):
-            if not fut.done():
-                fut.set_result(info)
+            resolve(fut, info)  # in the waiter's own loop

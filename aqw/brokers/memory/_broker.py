@@ -52,8 +52,7 @@ class MemoryBroker(Broker):
         return MemoryBroker(queue, dlq_limit=self.dlq_limit)
 
     async def connect(self) -> None:
-        if self._q.changed is None:
-            self._q.changed = asyncio.Event()
+        return None
 
     async def close(self) -> None:
         return None
@@ -100,18 +99,13 @@ class MemoryBroker(Broker):
         self._q.notify()
 
     async def fetch(self, count: int, block: float, share: float = 0.0) -> list[Delivery]:
-        await self.connect()
         q = self._q
         if not q.waiting and block > 0:
-            assert q.changed is not None
-            q.changed.clear()
-            try:
-                async with asyncio.timeout(block):
-                    while not q.waiting:
-                        await q.changed.wait()
-                        q.changed.clear()
-            except TimeoutError:
-                return []
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + block
+            while not q.waiting:
+                if not await q.changed.wait(deadline - loop.time()):
+                    return []
         out: list[Delivery] = []
         now = time.monotonic()
         lowest = q.waiting.mixed and self._share.turn(share)  # the highest level first
