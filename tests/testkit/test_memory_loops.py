@@ -9,19 +9,15 @@ the queue's ``asyncio.Event`` was bound to the first test's (closed) loop."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.testkit._subpytest import ANYIO, ASYNCIO, run_pytest
 
 pytestmark = pytest.mark.timeout(180)
 
-#: (the plugins are loaded by their entry points: each case turns the other one off)
 #: The issue's minimal case, and what else keeps state across tests on a queue: a result
 #: waiter woken from another test's worker, a cancel, a waiter left behind when its loop
 #: closed, and a delayed job promoted in a later loop.
@@ -72,36 +68,13 @@ async def hello(n: int) -> int:
     assert 7 not in seen
 """
 
-LOOP_SCOPE = "asyncio_default_fixture_loop_scope=function"
-CASES = {
-    # pytest-asyncio, a new loop per test (its default)
-    "asyncio": (
-        "",
-        ["-p", "no:anyio", "-o", "asyncio_mode=auto", "-o", LOOP_SCOPE],
-    ),
-    # anyio's plugin on its asyncio backend, pytest-asyncio off
-    "anyio": ("@pytest.mark.anyio\n", ["-p", "no:asyncio"]),
-}
-
-
-def run_pytest(tmp_path: Path, source: str, args: list[str]) -> subprocess.CompletedProcess[str]:
-    """``source`` as a test module, run by a pytest of its own configured by ``args``."""
-    (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    (tmp_path / "test_it.py").write_text(source)
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
-    cmd += ["-x", "--timeout", "20", "-c", str(tmp_path / "pytest.ini")]
-    cmd += ["--rootdir", str(tmp_path), *args, str(tmp_path / "test_it.py")]
-    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150)
+CASES = {"asyncio": ("", ASYNCIO), "anyio": ("@pytest.mark.anyio\n", ANYIO)}
 
 
 @pytest.mark.parametrize("plugin", sorted(CASES))
 def test_module_level_memory_app_across_loops(plugin: str, tmp_path: Path) -> None:
     mark, args = CASES[plugin]
     source = textwrap.dedent(BODY).format(tag=tmp_path.name, mark=mark)
-    done = run_pytest(tmp_path, source, args)
+    done = run_pytest(tmp_path, {"test_it.py": source}, args)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "6 passed" in done.stdout, done.stdout[-2000:]

@@ -281,6 +281,12 @@ class LocalJobRecords:
     async def record(self, job_id: str) -> JobInfo | None:
         return self.info(job_id)
 
+    def states(self) -> dict[str, str]:
+        """Every live record's state, by job id (``aqw.testing`` compares two of these to
+        find the jobs a run ended)."""
+        self._sweep(time.monotonic())
+        return {job_id: e.fields.get("state", "") for job_id, e in self._records.items()}
+
     async def running_state(self, job_id: str) -> dict[str, str] | None:
         """See the module function ``running_state``."""
         fields = self._get(job_id)
