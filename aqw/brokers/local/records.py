@@ -20,13 +20,13 @@ import asyncio
 import heapq
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from ...errors import JobCancelled, UnknownJob
 from ...job import Job
 from ...record import DEFAULT_KEEP_FOR, FINAL_STATES, UNFINISHED_KEEP, JobInfo, stamp
 from ..messages import CancelOutcome
-from .wakeup import resolve
+from .wakeup import call_in, resolve
 
 #: Most records kept; past it those closest to their end are dropped first (a process that
 #: runs millions of jobs a day must not grow without bound).
@@ -75,7 +75,7 @@ class LocalJobRecords:
     #: Kept in this process only.
     shared = False
 
-    __slots__ = ("_ends", "_limit", "_records", "_running", "_waiters", "queue")
+    __slots__ = ("_ends", "_limit", "_records", "_running", "_waiters", "_watchers", "queue")
 
     def __init__(self, queue: str, limit: int = MAX_RECORDS) -> None:
         self.queue = queue
@@ -86,6 +86,8 @@ class LocalJobRecords:
         self._ends: list[tuple[float, str]] = []
         self._running: dict[str, None] = {}  # ids of running records, oldest start first
         self._waiters: dict[str, set[asyncio.Future[JobInfo | None]]] = {}
+        #: The workers told at once of a running job's cancel (``watch_cancels``).
+        self._watchers: list[tuple[asyncio.AbstractEventLoop, Callable[[str], None]]] = []
 
     def __len__(self) -> int:
         self._sweep(time.monotonic())
@@ -315,6 +317,8 @@ class LocalJobRecords:
             return "finished"
         if state == "running":
             fields["cancel"] = "1"
+            for loop, on_cancel in list(self._watchers):
+                call_in(loop, on_cancel, job_id)
             return "cancelling"
         fields.update(state="cancelled", cancel="1", finished_at=repr(time.time()))
         # Its message may still wait in the queue: the record must outlive it, or the job
@@ -322,6 +326,16 @@ class LocalJobRecords:
         self._woken(job_id, fields)
         self._put(job_id, fields, max(keep_for, entry.until - time.monotonic()))
         return "cancelled"
+
+    async def watch_cancels(self, on_cancel: Callable[[str], None]) -> None:
+        """Call ``on_cancel(job_id)`` (in the caller's loop) at each cancel of a running
+        job, until cancelled."""
+        watcher = (asyncio.get_running_loop(), on_cancel)
+        self._watchers.append(watcher)
+        try:
+            await watcher[0].create_future()  # until cancelled
+        finally:
+            self._watchers.remove(watcher)
 
     async def cancel_requested(self, job_id: str) -> bool:
         fields = self._get(job_id)

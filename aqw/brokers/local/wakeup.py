@@ -10,6 +10,7 @@ loop (or thread) wakes it.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -32,6 +33,21 @@ def resolve(fut: asyncio.Future[T], value: T) -> None:
         fut.set_result(value)
     else:
         loop.call_soon_threadsafe(_set_if_pending, fut, value)
+
+
+def call_in(loop: asyncio.AbstractEventLoop, fn: Callable[[str], None], arg: str) -> None:
+    """``fn(arg)`` in ``loop``: now from that loop, soon from any other; not at all once
+    ``loop`` is closed."""
+    if loop.is_closed():
+        return
+    try:
+        here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        here = None
+    if here is loop:
+        fn(arg)
+    else:
+        loop.call_soon_threadsafe(fn, arg)
 
 
 def _set_if_pending(fut: asyncio.Future[T], value: T) -> None:

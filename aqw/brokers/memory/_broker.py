@@ -57,6 +57,12 @@ class MemoryBroker(Broker):
     async def close(self) -> None:
         return None
 
+    pushes_cancels = True
+
+    async def watch_cancels(self, on_cancel: Callable[[str], None]) -> None:
+        """Told directly, in the process, by the queue's job records."""
+        await self._q.records.watch_cancels(on_cancel)
+
     async def publish(self, jobs: Sequence[Job]) -> None:
         for job in jobs:
             self._q.waiting[self._q.next_id()] = job.encode()
