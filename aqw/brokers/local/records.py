@@ -19,13 +19,13 @@ from __future__ import annotations
 import asyncio
 import heapq
 import math
-import time
 from collections.abc import Callable, Mapping
 
 from ...errors import JobCancelled, UnknownJob
 from ...job import Job
 from ...record import DEFAULT_KEEP_FOR, FINAL_STATES, UNFINISHED_KEEP, JobInfo, stamp
 from ..messages import CancelOutcome
+from .clock import clock
 from .wakeup import call_in, resolve
 
 #: Most records kept; past it those closest to their end are dropped first (a process that
@@ -45,7 +45,7 @@ class _Entry:
 
     def __init__(self, fields: dict[str, str], until: float) -> None:
         self.fields = fields
-        self.until = until  # time.monotonic() at which the record ends
+        self.until = until  # clock.monotonic() at which the record ends
 
 
 def running_state(job_id: str, fields: Mapping[str, str], now: float) -> dict[str, str] | None:
@@ -90,12 +90,12 @@ class LocalJobRecords:
         self._watchers: list[tuple[asyncio.AbstractEventLoop, Callable[[str], None]]] = []
 
     def __len__(self) -> int:
-        self._sweep(time.monotonic())
+        self._sweep(clock.monotonic())
         return len(self._records)
 
     def _entry(self, job_id: str) -> _Entry | None:
         entry = self._records.get(job_id)
-        if entry is not None and entry.until <= time.monotonic():
+        if entry is not None and entry.until <= clock.monotonic():
             self._drop(job_id)
             return None
         return entry
@@ -105,7 +105,7 @@ class LocalJobRecords:
         return None if entry is None else entry.fields
 
     def _put(self, job_id: str, fields: dict[str, str], keep: float) -> None:
-        now = time.monotonic()
+        now = clock.monotonic()
         until = now + max(0.0, keep)
         self._records[job_id] = _Entry(fields, until)
         state = fields.get("state")
@@ -159,7 +159,7 @@ class LocalJobRecords:
 
     def enqueued(self, job: Job, run_at: float | None = None) -> None:
         """Record a job just published (``run_at`` None or past: queued) or scheduled."""
-        now = time.time()
+        now = clock.time()
         due = run_at if run_at is not None and run_at > now else None
         fields = {
             "state": "delayed" if due is not None else "queued",
@@ -202,7 +202,7 @@ class LocalJobRecords:
         fields.update(
             state="running",
             attempts=str(job.attempt),
-            started_at=repr(time.time() if started_at is None else started_at),
+            started_at=repr(clock.time() if started_at is None else started_at),
             worker=worker,
             fencing_token=str(fence),
             lease_expires_at=repr(lease_expires_at),
@@ -222,7 +222,7 @@ class LocalJobRecords:
         if fence is not None and entry.fields.get("fencing_token") != str(fence):
             return
         entry.fields.update((k, fields[k]) for k in RUNNING_FIELDS if k in fields)
-        if entry.until - time.monotonic() < UNFINISHED_KEEP / 2:  # a job running for days
+        if entry.until - clock.monotonic() < UNFINISHED_KEEP / 2:  # a job running for days
             self._put(job_id, entry.fields, UNFINISHED_KEEP)
 
     async def set_running_state(self, job_id: str, state: dict[str, str]) -> None:
@@ -239,14 +239,14 @@ class LocalJobRecords:
         fields = dict(self._get(job.id) or {"task": job.task, "enqueued_at": repr(job.enqueued_at)})
         fields.update(failure)
         fields.update(state="retrying", run_at=repr(run_at), attempts=str(job.attempt - 1))
-        self._put(job.id, fields, UNFINISHED_KEEP + max(0.0, run_at - time.time()))
+        self._put(job.id, fields, UNFINISHED_KEEP + max(0.0, run_at - clock.time()))
 
     def deferred(self, job: Job, run_at: float) -> None:
         """Record a job put off until ``run_at`` without spending an attempt (a limit, or
         ``aqw.RateLimited``): it reads delayed, its attempts so far unchanged."""
         fields = dict(self._get(job.id) or {"task": job.task, "enqueued_at": repr(job.enqueued_at)})
         fields.update(state="delayed", run_at=repr(run_at), attempts=str(job.attempt - 1))
-        self._put(job.id, fields, UNFINISHED_KEEP + max(0.0, run_at - time.time()))
+        self._put(job.id, fields, UNFINISHED_KEEP + max(0.0, run_at - clock.time()))
 
     def given_back(self, job_id: str) -> None:
         """A running job handed back unfinished waits in the queue again."""
@@ -286,18 +286,18 @@ class LocalJobRecords:
     def states(self) -> dict[str, str]:
         """Every live record's state, by job id (``aqw.testing`` compares two of these to
         find the jobs a run ended)."""
-        self._sweep(time.monotonic())
+        self._sweep(clock.monotonic())
         return {job_id: e.fields.get("state", "") for job_id, e in self._records.items()}
 
     async def running_state(self, job_id: str) -> dict[str, str] | None:
         """See the module function ``running_state``."""
         fields = self._get(job_id)
-        return None if fields is None else running_state(job_id, fields, time.time())
+        return None if fields is None else running_state(job_id, fields, clock.time())
 
     async def running_states(self, limit: int = 1000) -> list[dict[str, str]]:
         """Up to ``limit`` jobs running now, oldest start first."""
-        self._sweep(time.monotonic())
-        now = time.time()
+        self._sweep(clock.monotonic())
+        now = clock.time()
         out: list[dict[str, str]] = []
         for job_id in self._running:
             if len(out) >= limit:
@@ -320,11 +320,11 @@ class LocalJobRecords:
             for loop, on_cancel in list(self._watchers):
                 call_in(loop, on_cancel, job_id)
             return "cancelling"
-        fields.update(state="cancelled", cancel="1", finished_at=repr(time.time()))
+        fields.update(state="cancelled", cancel="1", finished_at=repr(clock.time()))
         # Its message may still wait in the queue: the record must outlive it, or the job
         # would run once the record is gone. It lives as long as it would have unfinished.
         self._woken(job_id, fields)
-        self._put(job_id, fields, max(keep_for, entry.until - time.monotonic()))
+        self._put(job_id, fields, max(keep_for, entry.until - clock.monotonic()))
         return "cancelled"
 
     async def watch_cancels(self, on_cancel: Callable[[str], None]) -> None:
@@ -345,7 +345,7 @@ class LocalJobRecords:
         """The job's record once it has ended; ``UnknownJob`` when there is none (or it
         goes), ``TimeoutError`` when it has not ended within ``timeout`` seconds."""
         loop = asyncio.get_running_loop()
-        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        deadline = math.inf if timeout is None else clock.monotonic() + timeout
         while True:
             entry = self._entry(job_id)
             if entry is None:
@@ -353,7 +353,7 @@ class LocalJobRecords:
             info = JobInfo.from_fields(job_id, self.queue, entry.fields)
             if info.finished:
                 return info
-            now = time.monotonic()
+            now = clock.monotonic()
             if now >= deadline:
                 raise TimeoutError(f"job {job_id!r} has not ended within {timeout}s")
             fut: asyncio.Future[JobInfo | None] = loop.create_future()
