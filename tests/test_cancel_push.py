@@ -113,3 +113,31 @@ def test_the_cancel_line_states_the_bound_of_its_broker(monkeypatch: pytest.Monk
     assert stopping_line(app, "gone") == (
         "cancelling: its handler is stopped at its next lease renewal (within ttl/3 = 10s)"
     )
+
+
+async def test_without_the_push_the_renewal_still_stops_it(
+    queue_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fallback: a worker the word does not reach reads the mark with a renewal."""
+    monkeypatch.setattr(MemoryBroker, "watch_cancels", aqw.Broker.watch_cancels)
+    async with open_backend("memory", queue_name) as backend:
+        app = backend.app(lease_ttl=0.6)  # renewed every 0.2 s
+        started = asyncio.Event()
+        order: list[str] = []
+
+        @app.task(name="long")
+        async def long() -> None:
+            started.set()
+            try:
+                await asyncio.sleep(LEASE)
+            except asyncio.CancelledError:
+                order.append("stopped")
+                raise
+
+        job_id = await long.enqueue()
+        async with running(app.worker()):
+            await asyncio.wait_for(started.wait(), 30)
+            assert await app.cancel(job_id) == "cancelling"
+            with pytest.raises(aqw.JobCancelled):
+                await app.result(job_id, timeout=60)
+        assert order == ["stopped"]
