@@ -44,7 +44,7 @@ async def listen_cancels(
         try:
             await pubsub.subscribe(*channels)
             if warned:
-                log.info("listening for cancels on %s again", channel)
+                log.debug("listening for cancels on %s again", channel)
             pause, warned = RESUBSCRIBE[0], False
             while True:
                 message = await pubsub.get_message(timeout=None)
@@ -52,8 +52,8 @@ async def listen_cancels(
                     data = message["data"]
                     on_cancel(data.decode() if isinstance(data, bytes) else str(data))
         except transient as exc:
-            if not warned:
-                log.warning(
+            if not warned:  # debug: the worker says the outage once (``worker/_outage.py``)
+                log.debug(
                     "listening for cancels on %s: %r; cancels reach this worker with its "
                     "lease renewals until it is back",
                     channel,
