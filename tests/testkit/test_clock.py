@@ -142,3 +142,18 @@ async def test_an_idempotency_key_expires_with_the_clock(kit: aqw.App) -> None:
         clock.jump(kit.idempotency_ttl + 1)
         fresh = await later.enqueue(3, key="k")
         assert fresh != first and not fresh.duplicate
+
+
+def test_another_loop_kind_is_refused_in_one_line() -> None:
+    uvloop = pytest.importorskip("uvloop")
+
+    async def enter() -> None:
+        async with MockClock():
+            pass
+
+    with (
+        asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner,
+        pytest.raises(TypeError, match="needs asyncio's selector event loop, not Loop"),
+    ):
+        runner.run(enter())
+    assert parts_clock.source is SYSTEM
