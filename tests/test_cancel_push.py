@@ -13,13 +13,15 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from redis.asyncio import Redis
 
 import aqw
 from aqw.brokers.memory import MemoryBroker
 from aqw.brokers.redis._cancels import cancel_channel
 from aqw.cli._job import stopping_line
 from tests._helpers import eventually, running
-from tests.conftest import open_backend
+from tests.conftest import PrivateRedis, open_backend
+from tests.test_outages import restart_after
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -141,3 +143,36 @@ async def test_without_the_push_the_renewal_still_stops_it(
             with pytest.raises(aqw.JobCancelled):
                 await app.result(job_id, timeout=60)
         assert order == ["stopped"]
+
+
+async def test_the_push_comes_back_after_a_redis_restart(private_redis: PrivateRedis) -> None:
+    """The listener subscribes again once Redis is back: a cancel after the restart still
+    stops the handler long before a renewal would."""
+    app = aqw.App(private_redis.url, queue="push", lease_ttl=LEASE)
+    admin = Redis.from_url(private_redis.url)
+    started = asyncio.Event()
+    order: list[str] = []
+
+    @app.task(name="long")
+    async def long() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(2 * LEASE)
+        except asyncio.CancelledError:
+            order.append("stopped")
+            raise
+
+    try:
+        async with running(app.worker()):
+            await eventually(lambda: _listening(app, admin), 30, "subscribed")
+            await restart_after(private_redis, admin, 0.5)
+            await eventually(lambda: _listening(app, admin), 30, "subscribed again")
+            job_id = await long.enqueue()
+            await asyncio.wait_for(started.wait(), 30)
+            assert await app.cancel(job_id) == "cancelling"
+            with pytest.raises(aqw.JobCancelled):
+                await app.result(job_id, timeout=60)
+        assert order == ["stopped"]
+    finally:
+        await admin.aclose()
+        await app.close()
