@@ -317,7 +317,8 @@ class LocalJobRecords:
             return "finished"
         if state == "running":
             fields["cancel"] = "1"
-            for loop, on_cancel in list(self._watchers):
+            self._watchers = [w for w in self._watchers if not w[0].is_closed()]
+            for loop, on_cancel in self._watchers:  # the workers: the one running it stops it
                 call_in(loop, on_cancel, job_id)
             return "cancelling"
         fields.update(state="cancelled", cancel="1", finished_at=repr(clock.time()))
@@ -335,7 +336,8 @@ class LocalJobRecords:
         try:
             await watcher[0].create_future()  # until cancelled
         finally:
-            self._watchers.remove(watcher)
+            if watcher in self._watchers:  # (a closed loop's watcher may be gone already)
+                self._watchers.remove(watcher)
 
     async def cancel_requested(self, job_id: str) -> bool:
         fields = self._get(job_id)
