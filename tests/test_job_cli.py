@@ -379,7 +379,8 @@ async def test_cancel_outcomes(kit: Kit) -> None:
     ran = await kit("job", "cancel", running.id)
     assert ran.status == 0
     assert ran.out == (
-        "cancelling: its handler is stopped at its next lease renewal (within ttl/3)\n"
+        "cancelling: its worker is told now and stops the handler within about a second "
+        "(at its next lease renewal, within ttl/3 = 10s, if the word does not reach it)\n"
     )
     assert await kit.broker.records.cancel_requested(running.id)
 

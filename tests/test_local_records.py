@@ -45,7 +45,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     fake = Clock()
-    monkeypatch.setattr(lr, "time", fake)
+    monkeypatch.setattr(lr, "clock", fake)
     return fake
 
 

@@ -77,8 +77,10 @@ class Jobs:
 
     async def cancel(self, job_id: str) -> CancelOutcome:
         """Cancel a job: ``"cancelled"`` when it had not started (it never runs),
-        ``"cancelling"`` when it is running (its handler is stopped within one lease renewal
-        interval, ttl/3, is not retried and ends ``cancelled``), ``"finished"`` when it had
+        ``"cancelling"`` when it is running (its worker is told at once and stops the
+        handler within about a second; where the broker cannot push the word, or it does
+        not get through, at the job's next lease renewal, within ttl/3; it is not retried
+        and ends ``cancelled``), ``"finished"`` when it had
         already ended (nothing changes), ``"unknown"`` when there is no record of it."""
         _check_id(job_id)
         return await self.broker.records.cancel(job_id, self.app.keep_for or DEFAULT_KEEP_FOR)

@@ -248,6 +248,17 @@ class Broker(abc.ABC):
     async def keep_alive(self, delivery: Delivery) -> bool:
         """Keep ``delivery`` ours while its job runs; False when it is no longer ours."""
 
+    #: True when ``watch_cancels`` pushes a running job's cancel to its worker at once.
+    pushes_cancels: bool = False
+
+    async def watch_cancels(self, on_cancel: Callable[[str], None]) -> None:
+        """Call ``on_cancel(job_id)`` as soon as ``records.cancel`` asks a running job of
+        this queue to stop, until cancelled (a worker runs this for the whole of its run).
+        This default returns at once: the broker has no way to push the word, and its
+        workers read the request with each lease renewal (``records.cancel_requested``),
+        within ttl/3."""
+        return None
+
     # -- leases and the job's start ----------------------------------------------------------
 
     @abc.abstractmethod

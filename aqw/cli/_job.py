@@ -42,11 +42,21 @@ EXIT_UNKNOWN_JOB, EXIT_TIMEOUT = 6, 124
 
 APP_HELP = "the app, as package.module:app (or --app, AQW_APP)"
 
-#: What ``aqw job cancel`` says for each outcome of ``app.cancel``.
-CANCELLED = {
-    "cancelled": "cancelled: it had not started and will not run",
-    "cancelling": "cancelling: its handler is stopped at its next lease renewal (within ttl/3)",
-}
+#: What ``aqw job cancel`` says for each outcome of ``app.cancel`` (``cancelling`` is
+#: ``stopping_line``'s).
+CANCELLED = {"cancelled": "cancelled: it had not started and will not run"}
+
+
+def stopping_line(app: App, task: str) -> str:
+    """What ``aqw job cancel`` says of a running job of ``task``: when its handler stops."""
+    known = app.tasks.get(task)
+    renewal = f"within ttl/3 = {(known.options.lease_ttl if known else app.lease_ttl) / 3:g}s"
+    if app.broker.pushes_cancels:
+        return (
+            "cancelling: its worker is told now and stops the handler within about a second "
+            f"(at its next lease renewal, {renewal}, if the word does not reach it)"
+        )
+    return f"cancelling: its handler is stopped at its next lease renewal ({renewal})"
 
 
 def add_parser(sub: Any) -> None:
@@ -163,6 +173,9 @@ async def cancel(app: App, job_id: str) -> int:
         info = await app.job(job_id)
         state = info.state if info is not None else "and its record is gone"
         print(f"already finished ({state}); nothing to cancel")
+    elif outcome == "cancelling":
+        info = await app.job(job_id)
+        print(stopping_line(app, info.task if info is not None else ""))
     else:
         print(CANCELLED[outcome])
     return 0

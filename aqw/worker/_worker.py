@@ -239,6 +239,7 @@ class Worker:
             spawn(self._heartbeat_loop(), name="aqw-heartbeat"),
             spawn(LoopWatchdog.of(self).run(), name="aqw-watchdog"),
             spawn(self.scheduler.run(), name="aqw-scheduler"),
+            spawn(self.broker.watch_cancels(self.running.cancel), name="aqw-cancels"),
         ]
         if self.handle_signals:
             self._install_signal_handlers()

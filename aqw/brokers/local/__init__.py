@@ -14,6 +14,7 @@ from .priorities import LevelFifos, ShareCredit, level_of
 from .records import LocalJobRecords
 from .start import LimitedStart, LocalStartGuard, still_ours
 from .status import LocalWorkerStatus
+from .wakeup import Wakeup, resolve
 
 __all__ = [
     "LevelFifos",
@@ -27,6 +28,8 @@ __all__ = [
     "LocalWorkerStatus",
     "MemoryLeaseBackend",
     "ShareCredit",
+    "Wakeup",
     "level_of",
+    "resolve",
     "still_ours",
 ]

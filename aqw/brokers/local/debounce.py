@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import time
 from dataclasses import dataclass
 
 from ...flow import DEBOUNCE_SLACK, due_time
 from ...job import Job
+from .clock import clock
 from .records import LocalJobRecords
 
 
@@ -25,8 +25,8 @@ from .records import LocalJobRecords
 class _Waiting:
     job_id: str
     entry: tuple[float, int, bytes]  # its entry in the delayed heap
-    first: float  # the burst's first enqueue (time.time())
-    until: float  # when this record is forgotten (time.time())
+    first: float  # the burst's first enqueue (clock.time())
+    until: float  # when this record is forgotten (clock.time())
 
 
 class LocalDebounce:
@@ -58,7 +58,7 @@ class LocalDebounce:
     ) -> tuple[str, bool]:
         key = job.key
         assert key is not None
-        now = time.time()
+        now = clock.time()
         held = self._waiting.get(key)
         first, replaced = now, False
         if (

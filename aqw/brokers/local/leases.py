@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-import time
+from .clock import clock
 
 
 class MemoryLeaseBackend:
@@ -17,7 +17,7 @@ class MemoryLeaseBackend:
         entry = self._held.get(key)
         if entry is None:
             return None
-        if entry[1] <= time.monotonic():
+        if entry[1] <= clock.monotonic():
             del self._held[key]
             return None
         return entry[0]
@@ -26,14 +26,14 @@ class MemoryLeaseBackend:
         current = self._current(key)
         if current is not None and current != token:  # held by this token: taken again
             return None
-        self._held[key] = (token, time.monotonic() + ttl_ms / 1000)
+        self._held[key] = (token, clock.monotonic() + ttl_ms / 1000)
         self._fence += 1
         return self._fence
 
     async def renew(self, key: str, token: str, ttl_ms: int) -> bool:
         if self._current(key) != token:
             return False
-        self._held[key] = (token, time.monotonic() + ttl_ms / 1000)
+        self._held[key] = (token, clock.monotonic() + ttl_ms / 1000)
         return True
 
     async def release(self, key: str, token: str) -> bool:

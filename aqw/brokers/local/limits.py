@@ -5,11 +5,11 @@ one event loop's jobs."""
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Callable
 
 from ...errors import RateLimited
 from ...flow import Limits, cap_wait, rate_wait
+from .clock import clock
 
 
 class _Bucket:
@@ -73,4 +73,4 @@ class LocalLimiter:
 
 
 def _now_us() -> int:
-    return int(time.time() * 1e6)
+    return int(clock.time() * 1e6)

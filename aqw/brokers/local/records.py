@@ -19,13 +19,14 @@ from __future__ import annotations
 import asyncio
 import heapq
 import math
-import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from ...errors import JobCancelled, UnknownJob
 from ...job import Job
 from ...record import DEFAULT_KEEP_FOR, FINAL_STATES, UNFINISHED_KEEP, JobInfo, stamp
 from ..messages import CancelOutcome
+from .clock import clock
+from .wakeup import call_in, resolve
 
 #: Most records kept; past it those closest to their end are dropped first (a process that
 #: runs millions of jobs a day must not grow without bound).
@@ -44,7 +45,7 @@ class _Entry:
 
     def __init__(self, fields: dict[str, str], until: float) -> None:
         self.fields = fields
-        self.until = until  # time.monotonic() at which the record ends
+        self.until = until  # clock.monotonic() at which the record ends
 
 
 def running_state(job_id: str, fields: Mapping[str, str], now: float) -> dict[str, str] | None:
@@ -74,7 +75,7 @@ class LocalJobRecords:
     #: Kept in this process only.
     shared = False
 
-    __slots__ = ("_ends", "_limit", "_records", "_running", "_waiters", "queue")
+    __slots__ = ("_ends", "_limit", "_records", "_running", "_waiters", "_watchers", "queue")
 
     def __init__(self, queue: str, limit: int = MAX_RECORDS) -> None:
         self.queue = queue
@@ -85,14 +86,16 @@ class LocalJobRecords:
         self._ends: list[tuple[float, str]] = []
         self._running: dict[str, None] = {}  # ids of running records, oldest start first
         self._waiters: dict[str, set[asyncio.Future[JobInfo | None]]] = {}
+        #: The workers told at once of a running job's cancel (``watch_cancels``).
+        self._watchers: list[tuple[asyncio.AbstractEventLoop, Callable[[str], None]]] = []
 
     def __len__(self) -> int:
-        self._sweep(time.monotonic())
+        self._sweep(clock.monotonic())
         return len(self._records)
 
     def _entry(self, job_id: str) -> _Entry | None:
         entry = self._records.get(job_id)
-        if entry is not None and entry.until <= time.monotonic():
+        if entry is not None and entry.until <= clock.monotonic():
             self._drop(job_id)
             return None
         return entry
@@ -102,7 +105,7 @@ class LocalJobRecords:
         return None if entry is None else entry.fields
 
     def _put(self, job_id: str, fields: dict[str, str], keep: float) -> None:
-        now = time.monotonic()
+        now = clock.monotonic()
         until = now + max(0.0, keep)
         self._records[job_id] = _Entry(fields, until)
         state = fields.get("state")
@@ -156,7 +159,7 @@ class LocalJobRecords:
 
     def enqueued(self, job: Job, run_at: float | None = None) -> None:
         """Record a job just published (``run_at`` None or past: queued) or scheduled."""
-        now = time.time()
+        now = clock.time()
         due = run_at if run_at is not None and run_at > now else None
         fields = {
             "state": "delayed" if due is not None else "queued",
@@ -199,7 +202,7 @@ class LocalJobRecords:
         fields.update(
             state="running",
             attempts=str(job.attempt),
-            started_at=repr(time.time() if started_at is None else started_at),
+            started_at=repr(clock.time() if started_at is None else started_at),
             worker=worker,
             fencing_token=str(fence),
             lease_expires_at=repr(lease_expires_at),
@@ -219,7 +222,7 @@ class LocalJobRecords:
         if fence is not None and entry.fields.get("fencing_token") != str(fence):
             return
         entry.fields.update((k, fields[k]) for k in RUNNING_FIELDS if k in fields)
-        if entry.until - time.monotonic() < UNFINISHED_KEEP / 2:  # a job running for days
+        if entry.until - clock.monotonic() < UNFINISHED_KEEP / 2:  # a job running for days
             self._put(job_id, entry.fields, UNFINISHED_KEEP)
 
     async def set_running_state(self, job_id: str, state: dict[str, str]) -> None:
@@ -236,14 +239,14 @@ class LocalJobRecords:
         fields = dict(self._get(job.id) or {"task": job.task, "enqueued_at": repr(job.enqueued_at)})
         fields.update(failure)
         fields.update(state="retrying", run_at=repr(run_at), attempts=str(job.attempt - 1))
-        self._put(job.id, fields, UNFINISHED_KEEP + max(0.0, run_at - time.time()))
+        self._put(job.id, fields, UNFINISHED_KEEP + max(0.0, run_at - clock.time()))
 
     def deferred(self, job: Job, run_at: float) -> None:
         """Record a job put off until ``run_at`` without spending an attempt (a limit, or
         ``aqw.RateLimited``): it reads delayed, its attempts so far unchanged."""
         fields = dict(self._get(job.id) or {"task": job.task, "enqueued_at": repr(job.enqueued_at)})
         fields.update(state="delayed", run_at=repr(run_at), attempts=str(job.attempt - 1))
-        self._put(job.id, fields, UNFINISHED_KEEP + max(0.0, run_at - time.time()))
+        self._put(job.id, fields, UNFINISHED_KEEP + max(0.0, run_at - clock.time()))
 
     def given_back(self, job_id: str) -> None:
         """A running job handed back unfinished waits in the queue again."""
@@ -280,15 +283,21 @@ class LocalJobRecords:
     async def record(self, job_id: str) -> JobInfo | None:
         return self.info(job_id)
 
+    def states(self) -> dict[str, str]:
+        """Every live record's state, by job id (``aqw.testing`` compares two of these to
+        find the jobs a run ended)."""
+        self._sweep(clock.monotonic())
+        return {job_id: e.fields.get("state", "") for job_id, e in self._records.items()}
+
     async def running_state(self, job_id: str) -> dict[str, str] | None:
         """See the module function ``running_state``."""
         fields = self._get(job_id)
-        return None if fields is None else running_state(job_id, fields, time.time())
+        return None if fields is None else running_state(job_id, fields, clock.time())
 
     async def running_states(self, limit: int = 1000) -> list[dict[str, str]]:
         """Up to ``limit`` jobs running now, oldest start first."""
-        self._sweep(time.monotonic())
-        now = time.time()
+        self._sweep(clock.monotonic())
+        now = clock.time()
         out: list[dict[str, str]] = []
         for job_id in self._running:
             if len(out) >= limit:
@@ -308,13 +317,27 @@ class LocalJobRecords:
             return "finished"
         if state == "running":
             fields["cancel"] = "1"
+            self._watchers = [w for w in self._watchers if not w[0].is_closed()]
+            for loop, on_cancel in self._watchers:  # the workers: the one running it stops it
+                call_in(loop, on_cancel, job_id)
             return "cancelling"
-        fields.update(state="cancelled", cancel="1", finished_at=repr(time.time()))
+        fields.update(state="cancelled", cancel="1", finished_at=repr(clock.time()))
         # Its message may still wait in the queue: the record must outlive it, or the job
         # would run once the record is gone. It lives as long as it would have unfinished.
         self._woken(job_id, fields)
-        self._put(job_id, fields, max(keep_for, entry.until - time.monotonic()))
+        self._put(job_id, fields, max(keep_for, entry.until - clock.monotonic()))
         return "cancelled"
+
+    async def watch_cancels(self, on_cancel: Callable[[str], None]) -> None:
+        """Call ``on_cancel(job_id)`` (in the caller's loop) at each cancel of a running
+        job, until cancelled."""
+        watcher = (asyncio.get_running_loop(), on_cancel)
+        self._watchers.append(watcher)
+        try:
+            await watcher[0].create_future()  # until cancelled
+        finally:
+            if watcher in self._watchers:  # (a closed loop's watcher may be gone already)
+                self._watchers.remove(watcher)
 
     async def cancel_requested(self, job_id: str) -> bool:
         fields = self._get(job_id)
@@ -324,7 +347,7 @@ class LocalJobRecords:
         """The job's record once it has ended; ``UnknownJob`` when there is none (or it
         goes), ``TimeoutError`` when it has not ended within ``timeout`` seconds."""
         loop = asyncio.get_running_loop()
-        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        deadline = math.inf if timeout is None else clock.monotonic() + timeout
         while True:
             entry = self._entry(job_id)
             if entry is None:
@@ -332,7 +355,7 @@ class LocalJobRecords:
             info = JobInfo.from_fields(job_id, self.queue, entry.fields)
             if info.finished:
                 return info
-            now = time.monotonic()
+            now = clock.monotonic()
             if now >= deadline:
                 raise TimeoutError(f"job {job_id!r} has not ended within {timeout}s")
             fut: asyncio.Future[JobInfo | None] = loop.create_future()
@@ -360,5 +383,4 @@ class LocalJobRecords:
 
     def _wake(self, job_id: str, info: JobInfo | None) -> None:
         for fut in self._waiters.pop(job_id, ()):
-            if not fut.done():
-                fut.set_result(info)
+            resolve(fut, info)  # in the waiter's own loop

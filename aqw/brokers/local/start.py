@@ -13,7 +13,6 @@ the memory broker returns, and of a broker written outside aqw that keeps its re
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -22,6 +21,7 @@ from ...flow import Limits
 from ...job import Job
 from ...lease import Lease, LeaseBackend
 from ..messages import Delivery
+from .clock import clock
 from .limits import Alive, LocalLimiter
 from .records import LocalJobRecords
 
@@ -99,7 +99,7 @@ class LocalStartGuard:
         fence = await self._backend.acquire(key, token, ttl_ms)
         if fence is not None:
             try:
-                self._records.started(self._job, self._worker, fence, time.time() + ttl_ms / 1000)
+                self._records.started(self._job, self._worker, fence, clock.time() + ttl_ms / 1000)
             except JobCancelled:  # cancelled while the acquire was on its way
                 await self._backend.release(key, token)
                 raise
@@ -109,7 +109,7 @@ class LocalStartGuard:
     async def renew(self, key: str, token: str, ttl_ms: int) -> bool:
         renewed = await self._backend.renew(key, token, ttl_ms)
         if renewed and self._fence is not None:
-            expires = {"lease_expires_at": repr(time.time() + ttl_ms / 1000)}
+            expires = {"lease_expires_at": repr(clock.time() + ttl_ms / 1000)}
             self._records.update(self._job.id, expires, self._fence)
         return renewed
 

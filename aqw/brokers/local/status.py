@@ -5,8 +5,9 @@ SQS keeps one per broker (other processes, ``aqw status`` among them, do not see
 
 from __future__ import annotations
 
-import time
 from typing import Any
+
+from .clock import clock
 
 
 class LocalWorkerStatus:
@@ -21,10 +22,10 @@ class LocalWorkerStatus:
         self._beats: dict[str, tuple[dict[str, Any], float]] = {}
 
     async def publish_heartbeat(self, worker: str, data: dict[str, Any], ttl: float) -> None:
-        self._beats[worker] = (data, time.monotonic() + ttl)
+        self._beats[worker] = (data, clock.monotonic() + ttl)
 
     async def heartbeats(self) -> list[dict[str, Any]]:
-        now = time.monotonic()
+        now = clock.monotonic()
         for name in [n for n, (_, until) in self._beats.items() if until < now]:
             del self._beats[name]
         return [data for data, _ in self._beats.values()]

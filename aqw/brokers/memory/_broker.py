@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import time
 from collections.abc import Callable, Sequence
 
 from ...flow import Limits, completion_key
@@ -16,6 +15,7 @@ from ...lease import Lease, LeaseBackend
 from ..base import Broker
 from ..local import LimitedStart, LocalStartGuard, ShareCredit, still_ours
 from ..local import MemoryLeaseBackend as MemoryLeaseBackend  # re-exported
+from ..local.clock import clock
 from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth
 from ..parts import StartLimits
 from ._queue import Pending, memory_queue
@@ -52,11 +52,16 @@ class MemoryBroker(Broker):
         return MemoryBroker(queue, dlq_limit=self.dlq_limit)
 
     async def connect(self) -> None:
-        if self._q.changed is None:
-            self._q.changed = asyncio.Event()
+        return None
 
     async def close(self) -> None:
         return None
+
+    pushes_cancels = True
+
+    async def watch_cancels(self, on_cancel: Callable[[str], None]) -> None:
+        """Told directly, in the process, by the queue's job records."""
+        await self._q.records.watch_cancels(on_cancel)
 
     async def publish(self, jobs: Sequence[Job]) -> None:
         for job in jobs:
@@ -73,7 +78,7 @@ class MemoryBroker(Broker):
 
     def _record(self, name: str) -> str | None:
         entry = self._q.key_records.get(name)
-        if entry is None or entry[1] <= time.monotonic():
+        if entry is None or entry[1] <= clock.monotonic():
             self._q.key_records.pop(name, None)
             return None
         return entry[0]
@@ -83,7 +88,7 @@ class MemoryBroker(Broker):
         existing = self._record(f"key:{job.key}") or self._record(f"done:{job.key}")
         if existing is not None:
             return existing, True
-        self._q.key_records[f"key:{job.key}"] = (job.id, time.monotonic() + ttl)
+        self._q.key_records[f"key:{job.key}"] = (job.id, clock.monotonic() + ttl)
         if run_at is not None:
             await self.schedule([job], run_at)
         else:
@@ -94,26 +99,22 @@ class MemoryBroker(Broker):
         return completion_key(job) is not None and self._record(f"done:{job.key}") is not None
 
     async def schedule(self, jobs: Sequence[Job], run_at: float) -> None:
+        run_at += clock.offset()  # a time.time() reading: onto the queue's clock
         for job in jobs:
             heapq.heappush(self._q.delayed, (run_at, next(self._q.ids), job.encode()))
             self._q.records.enqueued(job, run_at)
         self._q.notify()
 
     async def fetch(self, count: int, block: float, share: float = 0.0) -> list[Delivery]:
-        await self.connect()
         q = self._q
         if not q.waiting and block > 0:
-            assert q.changed is not None
-            q.changed.clear()
-            try:
-                async with asyncio.timeout(block):
-                    while not q.waiting:
-                        await q.changed.wait()
-                        q.changed.clear()
-            except TimeoutError:
-                return []
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + block
+            while not q.waiting:
+                if not await q.changed.wait(deadline - loop.time()):
+                    return []
         out: list[Delivery] = []
-        now = time.monotonic()
+        now = clock.monotonic()
         lowest = q.waiting.mixed and self._share.turn(share)  # the highest level first
         for entry_id, data, level in q.waiting.take(count, lowest):
             q.pending[entry_id] = Pending(data, self.consumer, now, 1)
@@ -124,7 +125,7 @@ class MemoryBroker(Broker):
         self, count: int, lease_ttl: Callable[[Job | None], float], min_idle: float
     ) -> list[Delivery]:
         out: list[Delivery] = []
-        now = time.monotonic()
+        now = clock.monotonic()
         for entry_id, p in self._q.pending.items():
             if len(out) >= count:
                 break
@@ -155,7 +156,7 @@ class MemoryBroker(Broker):
 
     async def promote_due(self) -> float | None:
         q = self._q
-        now = time.time()
+        now = clock.time()
         moved = False
         while q.delayed and q.delayed[0][0] <= now:
             _, _, data = heapq.heappop(q.delayed)
@@ -179,7 +180,7 @@ class MemoryBroker(Broker):
         p = self._q.pending.get(delivery.id)
         if p is None or p.consumer != self.consumer:
             return False
-        p.since = time.monotonic()
+        p.since = clock.monotonic()
         return True
 
     def _settle(self, delivery: Delivery, lease: Lease | None) -> bool:
@@ -212,7 +213,7 @@ class MemoryBroker(Broker):
         if not self._settle(delivery, lease):
             return False
         if job is not None and completion_key(job) is not None and record_ttl > 0:
-            self._q.key_records[f"done:{job.key}"] = (job.id, time.monotonic() + record_ttl)
+            self._q.key_records[f"done:{job.key}"] = (job.id, clock.monotonic() + record_ttl)
         self._q.bump("processed")
         return True
 
@@ -226,6 +227,7 @@ class MemoryBroker(Broker):
     ) -> bool:
         if not self._settle(delivery, lease):
             return False
+        run_at += clock.offset()
         heapq.heappush(self._q.delayed, (run_at, next(self._q.ids), job.encode()))
         self._q.bump("retried")
         self._q.notify()
@@ -236,6 +238,7 @@ class MemoryBroker(Broker):
     ) -> bool:
         if not self._settle(delivery, lease):
             return False
+        run_at += clock.offset()
         heapq.heappush(self._q.delayed, (run_at, next(self._q.ids), job.encode()))
         self._q.bump("deferred")
         self._q.notify()

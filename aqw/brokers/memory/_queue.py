@@ -3,7 +3,6 @@ process, by name: the brokers of one name in a process share one queue, with its
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import time
 from collections import OrderedDict
@@ -18,6 +17,7 @@ from ..local import (
     LocalScheduleMarks,
     LocalWorkerStatus,
     MemoryLeaseBackend,
+    Wakeup,
 )
 from ..messages import DeadJob, QueueDepth
 
@@ -48,7 +48,8 @@ class MemoryQueue:
     key_records: dict[str, tuple[str, float]] = field(default_factory=dict)
     leases: MemoryLeaseBackend = field(default_factory=MemoryLeaseBackend)
     ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
-    changed: asyncio.Event | None = None
+    #: Wakes the fetches waiting for a message, in whichever event loop each waits.
+    changed: Wakeup = field(default_factory=Wakeup)
     limiter: LocalLimiter = field(default_factory=LocalLimiter)
     # -- the parts its brokers hand out (made in ``__post_init__``)
     records: LocalJobRecords = field(init=False)
@@ -72,8 +73,7 @@ class MemoryQueue:
         self.stats[name] = self.stats.get(name, 0) + n
 
     def notify(self) -> None:
-        if self.changed is not None:
-            self.changed.set()
+        self.changed.notify()
 
 
 _QUEUES: dict[str, MemoryQueue] = {}

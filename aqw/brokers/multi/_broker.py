@@ -124,6 +124,13 @@ class MultiBroker(Broker):
 
     # -- producing: the home queue ---------------------------------------------------------
 
+    @property
+    def pushes_cancels(self) -> bool:  # type: ignore[override]
+        return all(b.pushes_cancels for b in self.queue_brokers())
+
+    async def watch_cancels(self, on_cancel: Callable[[str], None]) -> None:
+        await asyncio.gather(*(b.watch_cancels(on_cancel) for b in self.queue_brokers()))
+
     async def publish(self, jobs: Sequence[Job]) -> None:
         await self.home.publish(jobs)
 

@@ -39,6 +39,7 @@ from ..base import Broker
 from ..local import ShareCredit
 from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth
 from ..parts import StartLimits
+from ._cancels import listen_cancels
 from ._debounce import RedisDebounce
 from ._entries import dead_job_of, text
 from ._history import RedisDepthHistory
@@ -132,6 +133,16 @@ class RedisBroker(Broker):
             if "BUSYGROUP" not in str(exc):
                 raise
         self._group_ready = True
+
+    @property
+    def pushes_cancels(self) -> bool:  # type: ignore[override]
+        return isinstance(self.client, Redis)
+
+    async def watch_cancels(self, on_cancel: Callable[[str], None]) -> None:
+        """Cancels of running jobs, pushed on the queue's channel (``_cancels.py``); a
+        cluster client has no plain pub/sub here: its workers read them with each renewal."""
+        if isinstance(self.client, Redis):
+            await listen_cancels(self.client, [self.keys], on_cancel, self.transient_errors)
 
     async def close(self) -> None:
         await self.waiters.close()

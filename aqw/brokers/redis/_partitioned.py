@@ -37,6 +37,7 @@ from ...lease import Lease, LeaseBackend
 from ..base import Broker, check_partitions
 from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth, total_counters
 from ._broker import RedisBroker
+from ._cancels import listen_cancels
 from ._partition_fetch import PartitionReader
 from ._partition_parts import (
     PartitionedDebounce,
@@ -149,6 +150,16 @@ class PartitionedBroker(Broker):
 
     async def connect(self) -> None:
         await self._each(lambda part: part.connect())
+
+    @property
+    def pushes_cancels(self) -> bool:  # type: ignore[override]
+        return isinstance(self.client, Redis)
+
+    async def watch_cancels(self, on_cancel: Callable[[str], None]) -> None:
+        """The cancels of every partition, on one subscribed connection (``_cancels.py``)."""
+        if isinstance(self.client, Redis):
+            keys = [part.keys for part in self.parts]
+            await listen_cancels(self.client, keys, on_cancel, self.transient_errors)
 
     async def close(self) -> None:
         await self._each(lambda part: part.close())  # their waiters; the client is ours

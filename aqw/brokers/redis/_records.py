@@ -21,6 +21,7 @@ from ..._redis.waiters import JobWaiters
 from ...record import DEFAULT_KEEP_FOR, STATES, UNFINISHED_KEEP, JobInfo
 from ..local.records import RUNNING_FIELDS
 from ..messages import CancelOutcome
+from ._cancels import cancel_channel
 from ._entries import text
 
 #: Most ids of the running index one ``job_states`` call looks at.
@@ -98,6 +99,8 @@ class RedisJobRecords:
             [job_id, ms(keep_for), repr(time.time())],
         )
         text = outcome.decode() if isinstance(outcome, bytes) else str(outcome)
+        if text == "cancelling" and isinstance(self._client, Redis):  # ``_cancels.py``
+            await self._batcher.execute("PUBLISH", cancel_channel(k), job_id)
         return cast(CancelOutcome, text)
 
     async def cancel_requested(self, job_id: str) -> bool:

@@ -14,7 +14,19 @@ from ...brokers.messages import Finish
 from ...errors import JobCancelled, UnknownJob
 from ...lease import Lease
 from ...record import JobError
-from ._kit import Kit, at, decoded, failure, fetch_n, fetch_one, job, rec, sees_the_same, start
+from ._kit import (
+    Kit,
+    at,
+    decoded,
+    eventually,
+    failure,
+    fetch_n,
+    fetch_one,
+    job,
+    rec,
+    sees_the_same,
+    start,
+)
 from .running import RunningStatesContract
 
 
@@ -207,6 +219,35 @@ class RecordsContract(RunningStatesContract):
         assert await b.ack(d, got, lease, 0.0, Finish("cancelled", 60)) is True
         ended = await rec(b, sent.id)
         assert (ended.state, ended.finished, ended.attempts) == ("cancelled", True, 1)
+
+    async def test_a_running_jobs_cancel_is_pushed_to_the_watchers(self, kit: Kit) -> None:
+        """A broker that says ``pushes_cancels`` calls every ``watch_cancels`` of its queue
+        (another consumer's too) with the id of a running job cancelled; one that does not
+        returns from ``watch_cancels`` at once (its workers read renewals)."""
+        b = kit.broker
+        if not b.pushes_cancels:
+            await asyncio.wait_for(b.watch_cancels(lambda job_id: None), 5)
+            pytest.skip("this broker's workers read a cancel with the job's lease renewals")
+        other = await kit.consumer()
+        heard: list[str] = []
+        watchers = [asyncio.ensure_future(x.watch_cancels(heard.append)) for x in (b, other)]
+        try:
+            sent = job(40)
+            await b.publish([sent])
+            d = await fetch_one(kit, b)
+            got, lease = await start(b, d)
+
+            async def both_heard() -> bool:  # asked again until both listen: at most once
+                assert await b.records.cancel(sent.id) == "cancelling"
+                await asyncio.sleep(0.05)
+                return heard.count(sent.id) >= 2 and set(heard) == {sent.id}
+
+            await eventually(both_heard, 10, "the cancel pushed to both watchers")
+            assert await b.ack(d, got, lease, 0.0, Finish("cancelled", 60)) is True
+        finally:
+            for watcher in watchers:
+                watcher.cancel()
+            await asyncio.gather(*watchers, return_exceptions=True)
 
     async def test_an_unknown_job_has_no_record(self, kit: Kit) -> None:
         records = kit.broker.records
