@@ -6,6 +6,8 @@ EXPECTED = [
     "Alert",
     "App",
     "AqwError",
+    "Batch",
+    "BatchInfo",
     "Broker",
     "BrokerUnavailable",
     "Cache",

@@ -22,6 +22,7 @@ from ..task import Enqueued, Handler, Task
 from ..telemetry import Telemetry
 from ..worker import Worker
 from ._arguments import check_app_options, check_task_name
+from ._batches import batch_info, batch_results, cancel_batch, open_batch
 from ._dlq import DeadLetters
 from ._jobs import CancelOutcome, Jobs
 from ._producing import enqueue_jobs
@@ -372,6 +373,11 @@ class App:
         return await Jobs(self).get(job_id)
 
     job_status = job
+    # Batches (app/_batches.py): app.batch(...), app.batch_info(id), app.batch_results(id),
+    # app.cancel_batch(id).
+    batch, batch_info, batch_results, cancel_batch = (
+        open_batch, batch_info, batch_results, cancel_batch
+    )
 
     async def result(self, job_id: str, *, timeout: float | None = None) -> Any:
         """The job's result once it has ended, waiting without polling: see

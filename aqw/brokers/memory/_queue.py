@@ -9,8 +9,10 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from ...job import Job
 from ..local import (
     LevelFifos,
+    LocalBatchCounts,
     LocalDebounce,
     LocalDepthHistory,
     LocalJobRecords,
@@ -56,11 +58,28 @@ class MemoryQueue:
     marks: LocalScheduleMarks = field(default_factory=LocalScheduleMarks)
     history: LocalDepthHistory = field(init=False)
     debounce: LocalDebounce = field(init=False)
+    batches: LocalBatchCounts = field(init=False)
 
     def __post_init__(self) -> None:
         self.records = LocalJobRecords(self.name)
         self.history = LocalDepthHistory(self.depth, self.delayed)
         self.debounce = LocalDebounce(self.delayed, self.records)
+        self.batches = LocalBatchCounts(self.enqueue_now, self.records.cancel)
+
+    def enqueue_now(self, job: Job, key: str | None, ttl: float) -> bool:
+        """Publish ``job`` now, under the idempotency key ``key`` when given (False, nothing
+        published, when the key is taken): a batch's children and callbacks."""
+        if key is not None:
+            now = time.monotonic()
+            for name in (f"key:{key}", f"done:{key}"):
+                held = self.key_records.get(name)
+                if held is not None and held[1] > now:
+                    return False
+            self.key_records[f"key:{key}"] = (job.id, now + ttl)
+        self.waiting[self.next_id()] = job.encode()
+        self.records.enqueued(job)
+        self.notify()
+        return True
 
     async def depth(self) -> QueueDepth:
         return QueueDepth(len(self.waiting), len(self.pending), len(self.delayed), len(self.dlq))
