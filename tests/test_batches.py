@@ -70,7 +70,11 @@ async def test_all_succeed_fires_complete_and_success_once(backend: Backend) -> 
     info = await app.batch_info(batch.id)
     assert info is not None
     assert (info.state, info.total, info.pending, info.succeeded, info.failed) == (
-        "complete", 10, 0, 10, 0,
+        "complete",
+        10,
+        0,
+        10,
+        0,
     )
     assert sorted(info.callbacks) == ["complete", "success"]
     assert sorted(seen) == ["complete", "success"]
@@ -78,7 +82,9 @@ async def test_all_succeed_fires_complete_and_success_once(backend: Backend) -> 
     day, ctx_info = seen["complete"][0]
     assert day == "2026-12-01"
     assert ctx_info is not None and (ctx_info.id, ctx_info.succeeded, ctx_info.total) == (
-        batch.id, 10, 10,
+        batch.id,
+        10,
+        10,
     )
     results = await app.batch_results(batch.id)
     assert results[first] == 2 and len(results) == 10
@@ -110,7 +116,9 @@ async def test_an_empty_batch_completes_at_once(backend: Backend) -> None:
     app = backend.app()
     seen: dict[str, list[Any]] = {}
     t = _wire(app, seen)
-    async with app.batch(on_complete=t["summarize"], on_success=t["publish"], payload=Report(day="e")) as batch:
+    async with app.batch(
+        on_complete=t["summarize"], on_success=t["publish"], payload=Report(day="e")
+    ) as batch:
         pass
     assert batch.info is not None and batch.info.state == "complete"
     assert sorted(batch.info.callbacks) == ["complete", "success"]

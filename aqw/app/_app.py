@@ -376,7 +376,10 @@ class App:
     # Batches (app/_batches.py): app.batch(...), app.batch_info(id), app.batch_results(id),
     # app.cancel_batch(id).
     batch, batch_info, batch_results, cancel_batch = (
-        open_batch, batch_info, batch_results, cancel_batch
+        open_batch,
+        batch_info,
+        batch_results,
+        cancel_batch,
     )
 
     async def result(self, job_id: str, *, timeout: float | None = None) -> Any:

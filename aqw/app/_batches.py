@@ -80,7 +80,9 @@ def _check(batch_id: object) -> str:
     return batch_id
 
 
-async def batch_info(app: BatchesApp, batch_id: str, *, queue: str | None = None) -> BatchInfo | None:
+async def batch_info(
+    app: BatchesApp, batch_id: str, *, queue: str | None = None
+) -> BatchInfo | None:
     """The batch's ``BatchInfo`` (state, total, pending and each count, the callbacks
     enqueued), or None: an unknown id, or a batch past its ``keep_for``."""
     return await batch_part(app.broker_for(queue or app.queue)).info(_check(batch_id))
@@ -103,7 +105,9 @@ async def batch_results(
     return out
 
 
-async def cancel_batch(app: BatchesApp, batch_id: str, *, queue: str | None = None) -> BatchInfo | None:
+async def cancel_batch(
+    app: BatchesApp, batch_id: str, *, queue: str | None = None
+) -> BatchInfo | None:
     """Cancel the batch: its children that have not started end cancelled, the running ones
     are asked to stop, and it is sealed (its callbacks fire once the rest are final). None
     for an unknown batch."""

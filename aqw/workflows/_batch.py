@@ -81,13 +81,19 @@ class Batch:
         self._app, self._build = app, build
         self._part = batch_part(app.broker_for(self.queue))
         callbacks: dict[str, Job] = {}
-        for kind, task in (("complete", on_complete), ("success", on_success), ("failure", on_failure)):
+        for kind, task in (
+            ("complete", on_complete),
+            ("success", on_success),
+            ("failure", on_failure),
+        ):
             if task is None:
                 continue
             if not isinstance(task, Task):
                 raise ConfigError(f"batch on_{kind} must be a task (@app.task), got {task!r}")
             head = {BATCH_INFO_HEADER: BATCH_INFO_SLOT}
-            (callbacks[kind],) = build(task, [payload], head, self.queue, callback_key(self.id, kind))
+            (callbacks[kind],) = build(
+                task, [payload], head, self.queue, callback_key(self.id, kind)
+            )
         self._spec = BatchSpec(
             self.id,
             callbacks,

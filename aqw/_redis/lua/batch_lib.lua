@@ -1,0 +1,130 @@
+-- The batch steps every settle shares (included by aqw/_redis/scripts.py where a script says
+-- --@include batch_lib; a job of no batch runs none of it). A batch (aqw/brokers/batching.py)
+-- is, under the queue's prefix (so in the queue's slot): batch:<id> (a hash: state open,
+-- sealed or complete, total and each count, fail_fast, parent, keep and key_ttl in ms, and
+-- per callback kind its job: cb:<kind> JSON, cbid:, cbtask:, cbstream:, cbat: enqueued_at;
+-- fired:<kind> the id once enqueued), batch:<id>:todo (the set of children not final yet)
+-- and batch:<id>:children (a list, in the order added). A child counts once: when it leaves
+-- the todo set; the count that leaves a sealed batch's set empty enqueues its callbacks, in
+-- the same step, each under the idempotency key batch:<id>:<kind> (as enqueue_unique.lua
+-- writes it), and counts the batch in its parent as the child batch:<id>.
+local batch_count, batch_fire
+local batch_final = {succeeded = true, failed = true, dead = true, cancelled = true, expired = true}
+local function batch_now()
+  local t = redis.call('TIME')
+  return string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1e6)
+end
+local function batch_wake(prefix, job)
+  local waiters = prefix .. 'waiters:' .. job
+  local inboxes = redis.pcall('SMEMBERS', waiters)
+  if inboxes.err or #inboxes == 0 then
+    return
+  end
+  for _, inbox in ipairs(inboxes) do
+    redis.pcall('RPUSH', inbox, job)
+    redis.pcall('PEXPIRE', inbox, 300000)
+  end
+  redis.call('DEL', waiters)
+end
+-- Ask every unfinished child of the batch to stop, as cancel.lua does: one not started ends
+-- cancelled (its worker acknowledges it unrun, and that settle counts it), a running one is
+-- asked to stop at its next renewal; a nested batch is stopped the same way and sealed.
+local function batch_stop(prefix, bid)
+  local b = prefix .. 'batch:' .. bid
+  for _, child in ipairs(redis.call('SMEMBERS', b .. ':todo')) do
+    if string.sub(child, 1, 6) == 'batch:' then
+      local sub = string.sub(child, 7)
+      if redis.call('HGET', prefix .. child, 'state') == 'open' then
+        redis.call('HSET', prefix .. child, 'state', 'sealed')
+      end
+      batch_stop(prefix, sub)
+      if redis.call('SCARD', prefix .. child .. ':todo') == 0
+          and redis.call('HGET', prefix .. child, 'state') == 'sealed' then
+        batch_fire(prefix, sub)
+      end
+    else
+      local rec = prefix .. 'job:' .. child
+      local state = redis.pcall('HGET', rec, 'state')
+      if type(state) == 'string' and not batch_final[state] then
+        if state == 'running' then
+          redis.call('HSET', rec, 'cancel', '1')
+        else
+          redis.call('HSET', rec, 'state', 'cancelled', 'cancel', '1', 'finished_at', batch_now())
+          redis.call('HINCRBY', prefix .. 'stats', 'cancelled', 1)
+          batch_wake(prefix, child)
+        end
+      end
+    end
+  end
+end
+-- The batch is complete: its callbacks enqueued (each once: its idempotency key), its keys
+-- set to live keep ms, and the batch counted in its parent.
+batch_fire = function(prefix, bid)
+  local b = prefix .. 'batch:' .. bid
+  local h = redis.call('HMGET', b, 'total', 'succeeded', 'failed', 'cancelled', 'expired',
+    'keep', 'key_ttl', 'parent')
+  local total, ok, failed = tonumber(h[1] or 0), tonumber(h[2] or 0), tonumber(h[3] or 0)
+  local cancelled, expired = tonumber(h[4] or 0), tonumber(h[5] or 0)
+  redis.call('HSET', b, 'state', 'complete', 'completed_at', batch_now())
+  local due, ids = {}, {}
+  for _, kind in ipairs({'complete', 'success', 'failure'}) do
+    if kind == 'complete' or (kind == 'success' and ok == total)
+        or (kind == 'failure' and failed > 0) then
+      local id = redis.call('HGET', b, 'cbid:' .. kind)
+      if id then
+        due[#due + 1] = kind
+        ids[kind] = id
+      end
+    end
+  end
+  local info = cjson.encode({id = bid, state = 'complete', total = total, pending = 0,
+    succeeded = ok, failed = failed, cancelled = cancelled, expired = expired, callbacks = ids})
+  if #due == 0 then
+    info = string.gsub(info, '"callbacks":%[%]', '"callbacks":{}')  -- an empty table
+  end
+  for _, kind in ipairs(due) do
+    local c = redis.call('HMGET', b, 'cb:' .. kind, 'cbtask:' .. kind, 'cbstream:' .. kind,
+      'cbat:' .. kind)
+    local key = 'batch:' .. bid .. ':' .. kind
+    local id = ids[kind]
+    if not redis.call('GET', prefix .. 'done:' .. key)
+        and redis.call('SET', prefix .. 'key:' .. key, id, 'NX', 'PX', h[7]) then
+      local json = c[1]
+      local i, j = string.find(json, '"@aqw-batch-info@"', 1, true)
+      if i then
+        json = string.sub(json, 1, i - 1) .. cjson.encode(info) .. string.sub(json, j + 1)
+      end
+      redis.call('XADD', c[3], '*', 'j', json)
+      local rec = prefix .. 'job:' .. id
+      redis.call('DEL', rec)
+      redis.call('HSET', rec, 'state', 'queued', 'task', c[2], 'attempts', '0',
+        'enqueued_at', c[4], 'key', key)
+      redis.call('PEXPIRE', rec, 604800000)
+      redis.call('HSET', b, 'fired:' .. kind, id)
+    end
+  end
+  for _, key in ipairs({b, b .. ':todo', b .. ':children'}) do
+    redis.call('PEXPIRE', key, h[6])
+  end
+  if h[8] then
+    local outcome = (failed > 0 and 'failed') or (cancelled > 0 and 'cancelled')
+      or (expired > 0 and 'expired') or 'succeeded'
+    batch_count(prefix, h[8], 'batch:' .. bid, outcome)
+  end
+end
+-- Count member's final state in batch bid, once (nothing when it counted already).
+batch_count = function(prefix, bid, member, state)
+  local b = prefix .. 'batch:' .. bid
+  if redis.call('SREM', b .. ':todo', member) == 0 then
+    return
+  end
+  local kind = (state == 'dead' or state == 'failed') and 'failed' or state
+  redis.call('HINCRBY', b, kind, 1)
+  local h = redis.call('HMGET', b, 'state', 'fail_fast')
+  if kind == 'failed' and h[2] == '1' then
+    batch_stop(prefix, bid)
+  end
+  if h[1] == 'sealed' and redis.call('SCARD', b .. ':todo') == 0 then
+    batch_fire(prefix, bid)
+  end
+end
