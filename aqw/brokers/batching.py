@@ -23,6 +23,7 @@ __all__ = [
     "BATCH_INFO_HEADER",
     "BATCH_INFO_SLOT",
     "CALLBACK_KINDS",
+    "FLOW_INPUT_SLOT",
     "BatchInfo",
     "BatchSpec",
     "BatchState",
@@ -38,6 +39,10 @@ BATCH_INFO_HEADER = "aqw-batch-info"
 #: What that header holds until the completing step writes the counts in (the JSON string
 #: literal is replaced in the job's wire form, nothing else is touched).
 BATCH_INFO_SLOT = "@aqw-batch-info@"
+
+#: A flow step's payload until the step that enqueues it writes its parents' results in
+#: (the JSON string literal is replaced in the job's wire form).
+FLOW_INPUT_SLOT = "@aqw-flow-input@"
 
 #: The callbacks, in the order they are enqueued.
 CALLBACK_KINDS = ("complete", "success", "failure")
@@ -61,7 +66,16 @@ class BatchSpec:
     """What opening a batch writes: its id, its callbacks' jobs by kind (each carrying the
     ``BATCH_INFO_SLOT`` header and the key ``callback_key(id, kind)``), ``fail_fast``, how long
     its record lives once complete (``keep_for``), the idempotency key ttl of its callbacks,
-    and the batch it is a child of (None: none)."""
+    and the batch it is a child of (None: none).
+
+    A flow (``aqw.Flow``) is made of batches with more: ``members``, children's job ids
+    known before they are enqueued (a flow's steps; counted in ``total`` at once);
+    ``sealed``, opened sealed (a step's gate: its parents are all its members); ``inputs``,
+    the gate's parents' step names, in ``members``' order: the callback's payload
+    (``FLOW_INPUT_SLOT``) becomes the parent's result (one parent) or a mapping of name to
+    result (several); when the gate completes without enqueueing its callback (a parent
+    failed), the callback's job is ended cancelled, unrun, and counted so in the batches its
+    ``BATCH_HEADER`` names (``data``: what the flow keeps about itself)."""
 
     id: str
     callbacks: dict[str, Job]
@@ -69,6 +83,10 @@ class BatchSpec:
     keep_for: float = 86_400.0
     key_ttl: float = 86_400.0
     parent: str | None = None
+    members: tuple[str, ...] = ()
+    sealed: bool = False
+    inputs: tuple[str, ...] = ()
+    data: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +108,8 @@ class BatchInfo:
     created_at: float | None = None
     completed_at: float | None = None
     callbacks: dict[str, str] = field(default_factory=dict)
+    #: A flow's definition (``aqw.Flow``), as it keeps it; "" for a batch.
+    data: str = ""
 
     @property
     def done(self) -> int:
@@ -143,6 +163,7 @@ class BatchInfo:
             created_at=when("created_at"),
             completed_at=when("completed_at"),
             callbacks=callbacks,
+            data=fields.get("data", ""),
         )
 
     def to_json(self) -> str:

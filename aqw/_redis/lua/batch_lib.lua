@@ -8,7 +8,7 @@
 -- the todo set; the count that leaves a sealed batch's set empty enqueues its callbacks, in
 -- the same step, each under the idempotency key batch:<id>:<kind> (as enqueue_unique.lua
 -- writes it), and counts the batch in its parent as the child batch:<id>.
-local batch_count, batch_fire
+local batch_count, batch_fire, batch_settled
 local batch_final = {succeeded = true, failed = true, dead = true, cancelled = true, expired = true}
 local function batch_now()
   local t = redis.call('TIME')
@@ -82,9 +82,29 @@ batch_fire = function(prefix, bid)
   if #due == 0 then
     info = string.gsub(info, '"callbacks":%[%]', '"callbacks":{}')  -- an empty table
   end
+  local input = nil  -- a flow step's payload: its parents' results (batch_input)
+  local names = redis.call('HGET', b, 'inputs')
+  if names and names ~= '' and #due > 0 then
+    local parents = redis.call('LRANGE', b .. ':children', 0, -1)
+    local parts, i = {}, 0
+    for name in string.gmatch(names, '%S+') do
+      i = i + 1
+      local r = redis.pcall('HGET', prefix .. 'job:' .. (parents[i] or '-'), 'result')
+      parts[#parts + 1] = {name, (type(r) == 'string' and r ~= '') and r or 'null'}
+    end
+    if #parts == 1 then
+      input = parts[1][2]
+    else
+      local out = {}
+      for k, p in ipairs(parts) do
+        out[k] = cjson.encode(p[1]) .. ':' .. p[2]
+      end
+      input = '{' .. table.concat(out, ',') .. '}'
+    end
+  end
   for _, kind in ipairs(due) do
     local c = redis.call('HMGET', b, 'cb:' .. kind, 'cbtask:' .. kind, 'cbstream:' .. kind,
-      'cbat:' .. kind)
+      'cbat:' .. kind, 'cbof:' .. kind)
     local key = 'batch:' .. bid .. ':' .. kind
     local id = ids[kind]
     if not redis.call('GET', prefix .. 'done:' .. key)
@@ -94,13 +114,38 @@ batch_fire = function(prefix, bid)
       if i then
         json = string.sub(json, 1, i - 1) .. cjson.encode(info) .. string.sub(json, j + 1)
       end
+      if input then
+        i, j = string.find(json, '"@aqw-flow-input@"', 1, true)
+        if i then
+          json = string.sub(json, 1, i - 1) .. input .. string.sub(json, j + 1)
+        end
+      end
       redis.call('XADD', c[3], '*', 'j', json)
       local rec = prefix .. 'job:' .. id
       redis.call('DEL', rec)
       redis.call('HSET', rec, 'state', 'queued', 'task', c[2], 'attempts', '0',
         'enqueued_at', c[4], 'key', key)
+      if c[5] then  -- a flow step: the batches it counts in
+        redis.call('HSET', rec, 'batch', c[5])
+      end
       redis.call('PEXPIRE', rec, 604800000)
       redis.call('HSET', b, 'fired:' .. kind, id)
+    end
+  end
+  -- A flow step whose gate did not enqueue it (a parent failed): ended cancelled, unrun, and
+  -- counted so in the batches it counts in (its dependants' gates cancel it in turn).
+  for _, kind in ipairs({'complete', 'success', 'failure'}) do
+    local c = redis.call('HMGET', b, 'cbof:' .. kind, 'cbid:' .. kind, 'cbtask:' .. kind,
+      'fired:' .. kind)
+    if c[1] and not c[4] then
+      local rec = prefix .. 'job:' .. c[2]
+      if not redis.call('HGET', rec, 'state') then
+        redis.call('HSET', rec, 'state', 'cancelled', 'task', c[3], 'attempts', '0',
+          'enqueued_at', batch_now(), 'finished_at', batch_now(), 'batch', c[1])
+        redis.call('PEXPIRE', rec, h[6])
+        batch_wake(prefix, c[2])
+        batch_settled(prefix, c[1], c[2], 'cancelled')
+      end
     end
   end
   for _, key in ipairs({b, b .. ':todo', b .. ':children'}) do
@@ -126,5 +171,12 @@ batch_count = function(prefix, bid, member, state)
   end
   if h[1] == 'sealed' and redis.call('SCARD', b .. ':todo') == 0 then
     batch_fire(prefix, bid)
+  end
+end
+-- Count member's final state in each batch of list (space-separated ids: a flow step counts
+-- in its flow and in its dependants' gates).
+batch_settled = function(prefix, list, member, state)
+  for bid in string.gmatch(list, '%S+') do
+    batch_count(prefix, bid, member, state)
   end
 end

@@ -21,7 +21,7 @@ from ..._redis.scripts import ms
 from ...errors import ConfigError
 from ...job import Job
 from ...record import UNFINISHED_KEEP
-from ..batching import CALLBACK_KINDS, BatchInfo, BatchSpec
+from ..batching import BATCH_HEADER, CALLBACK_KINDS, BatchInfo, BatchSpec
 from ._entries import text
 from ._priorities import RedisLevels
 
@@ -59,10 +59,15 @@ class RedisBatchCounts:
             ms(spec.key_ttl),
             spec.parent or "",
             ms(UNFINISHED_KEEP),
+            "1" if spec.sealed else "0",
+            " ".join(spec.inputs),
+            spec.data,
+            len(spec.members),
+            *spec.members,
         ]
         for kind, job in spec.callbacks.items():
             argv += (kind, job.encode(), job.id, job.task, self.keys.stream_for(job.priority))
-            argv.append(repr(job.enqueued_at))
+            argv += (repr(job.enqueued_at), job.headers.get(BATCH_HEADER, ""))
         levels = {job.priority for job in spec.callbacks.values() if job.priority}
         if levels:
             await self.levels.announce(levels)
@@ -72,7 +77,7 @@ class RedisBatchCounts:
         argv: list[Any] = [ms(UNFINISHED_KEEP)]
         for job in jobs:
             argv += (job.encode(), job.id, job.task, repr(job.enqueued_at))
-            argv.append(self.keys.stream_for(job.priority))
+            argv += (self.keys.stream_for(job.priority), job.headers.get(BATCH_HEADER, batch_id))
         await self.levels.around(jobs, self._run(self._add, batch_id, argv))
 
     async def seal(self, batch_id: str) -> BatchInfo:
