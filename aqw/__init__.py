@@ -44,7 +44,7 @@ from .schedule import Cron, Every, Schedule
 from .task import Enqueued, Task
 from .telemetry import Telemetry
 from .worker import Worker, WorkerStats
-from .workflows import Batch
+from .workflows import Batch, Flow
 
 __all__ = [
     "Alert",
@@ -64,6 +64,7 @@ __all__ = [
     "DeadLetters",
     "Enqueued",
     "Every",
+    "Flow",
     "HandlerStopped",
     "Job",
     "JobCancelled",

@@ -20,6 +20,7 @@ EXPECTED = [
     "DeadLetters",
     "Enqueued",
     "Every",
+    "Flow",
     "HandlerStopped",
     "Job",
     "JobCancelled",

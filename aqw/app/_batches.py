@@ -1,8 +1,11 @@
-"""The App's batch calls (``app.batch``, ``app.batch_info``, ``app.batch_results``,
-``app.cancel_batch``), written as functions of the App and bound in its class body."""
+"""The App's batch and flow calls (``app.batch``, ``app.batch_info``, ``app.batch_results``,
+``app.cancel_batch``, ``app.start``, ``app.flow_info``), written as functions of the App and
+bound in its class body."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Sequence
 from functools import partial
 from typing import Any, Protocol
@@ -13,7 +16,7 @@ from ..errors import ConfigError
 from ..job import Job
 from ..task import Task
 from ..telemetry import Telemetry
-from ..workflows import Batch, batch_part
+from ..workflows import Batch, Flow, FlowInfo, batch_part, flow_info, start_flow
 from ._jobs import Jobs
 from ._producing import build_jobs
 
@@ -112,3 +115,60 @@ async def cancel_batch(
     are asked to stop, and it is sealed (its callbacks fire once the rest are final). None
     for an unknown batch."""
     return await batch_part(app.broker_for(queue or app.queue)).cancel(_check(batch_id))
+
+
+class FlowHandle:
+    """A started flow (``app.start``): ``id``, ``info()`` and ``result()``."""
+
+    def __init__(self, app: BatchesApp, flow_id: str, queue: str) -> None:
+        self.app, self.id, self.queue = app, flow_id, queue
+
+    async def info(self) -> FlowInfo | None:
+        """The flow's state and each step's (``app.flow_info``)."""
+        return await flow_info(self.app, self.id, self.queue)
+
+    async def result(self, timeout: float | None = None) -> Any:
+        """Once every step is final: the result of the flow's last step (the one no step
+        runs after), or a mapping of name to result when there are several; a last step
+        that failed or was cancelled raises as ``app.result`` does. Raises
+        ``TimeoutError`` after ``timeout`` seconds (None: no limit)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.01
+        while True:
+            info = await self.info()
+            if info is None:
+                raise ConfigError(f"flow {self.id!r}: no such flow (unknown id, or expired)")
+            if info.state == "complete":
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"flow {self.id!r} has not ended after {timeout} s")
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.5)
+        ends = [
+            s
+            for s in info.steps.values()
+            if not any(s.name in o.after for o in info.steps.values())
+        ]
+        jobs = Jobs(self.app)
+        out = {}
+        for step in ends:
+            if step.record is None:
+                raise ConfigError(f"flow {self.id!r}: the record of step {step.name!r} expired")
+            out[step.name] = jobs.outcome(step.record)
+        return next(iter(out.values())) if len(out) == 1 else out
+
+
+async def start(app: BatchesApp, flow: Flow, *, queue: str | None = None) -> FlowHandle:
+    """Start a flow (``aqw.Flow``): its first steps are enqueued now, each later one by the
+    settle step of its last parent, with their results as its input. Its handle."""
+    queue = queue or app.queue
+    flow_id = await start_flow(app, partial(_build, app), flow, queue)
+    return FlowHandle(app, flow_id, queue)
+
+
+async def flow_info_of(
+    app: BatchesApp, flow_id: str, *, queue: str | None = None
+) -> FlowInfo | None:
+    """The flow's state (``complete`` once every step is final) and each step's (its job's
+    record's state; ``waiting`` while its parents run), or None for an unknown flow."""
+    return await flow_info(app, _check(flow_id), queue or app.queue)

@@ -10,6 +10,7 @@ key (``batch:<id>:<kind>``), and counts the batch in its parent batch when it ha
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from ...errors import ConfigError
 from ...job import Job
 from ..batching import (
+    BATCH_HEADER,
     BATCH_INFO_HEADER,
     CALLBACK_KINDS,
     BatchInfo,
@@ -31,6 +33,10 @@ from ..batching import (
 Enqueue = Callable[[Job, str | None, float], bool]
 #: Cancel one job by id (its record), as ``app.cancel`` does.
 Cancel = Callable[[str], Awaitable[object]]
+#: A finished job's result as JSON text (None: none kept).
+ResultOf = Callable[[str], "str | None"]
+#: End a job that never ran: (job, state, keep_for) writes its final record.
+EndUnrun = Callable[[Job, str, float], None]
 
 #: How long a batch that never completes is kept (as an unfinished job record is).
 OPEN_KEEP = 7 * 86_400.0
@@ -55,11 +61,15 @@ class LocalBatchCounts:
 
     shared = False
 
-    def __init__(self, enqueue: Enqueue, cancel: Cancel) -> None:
+    def __init__(
+        self, enqueue: Enqueue, cancel: Cancel, result_of: ResultOf, end_unrun: EndUnrun
+    ) -> None:
         self._enqueue = enqueue
         self._cancel = cancel
+        self._result_of = result_of
+        self._end_unrun = end_unrun
         self._batches: dict[str, _Batch] = {}
-        self._of: dict[str, str] = {}  # an unfinished child's job id -> its batch
+        self._of: dict[str, list[str]] = {}  # an unfinished child's job id -> its batches
 
     def _get(self, batch_id: str) -> _Batch | None:
         b = self._batches.get(batch_id)
@@ -80,7 +90,9 @@ class LocalBatchCounts:
         parent = self._open(spec.parent) if spec.parent is not None else None
         if spec.id in self._batches:
             raise ConfigError(f"batch {spec.id!r} exists already")
-        self._batches[spec.id] = _Batch(spec)
+        b = self._batches[spec.id] = _Batch(spec, state="sealed" if spec.sealed else "open")
+        b.todo.update(spec.members)
+        b.children.extend(spec.members)
         if parent is not None:
             member = f"batch:{spec.id}"
             parent.todo.add(member)
@@ -89,9 +101,10 @@ class LocalBatchCounts:
     async def add(self, batch_id: str, jobs: list[Job]) -> None:
         b = self._open(batch_id)
         for job in jobs:
-            b.todo.add(job.id)
-            b.children.append(job.id)
-            self._of[job.id] = batch_id
+            if job.id not in b.todo:  # a member known ahead (a flow's step) is not added twice
+                b.todo.add(job.id)
+                b.children.append(job.id)
+            self._of[job.id] = _batches_of(job, batch_id)
             self._enqueue(job, None, 0.0)
 
     async def seal(self, batch_id: str) -> BatchInfo:
@@ -130,12 +143,10 @@ class LocalBatchCounts:
         no batch, or one that counted already); called by the settle step that ended it.
         The count is made before the first await; a ``fail_fast`` batch's other children
         are then cancelled."""
-        batch_id = self._of.pop(job_id, None)
-        if batch_id is None:
-            return
-        b = self._count(batch_id, job_id, state)
-        if b is not None and b.spec.fail_fast and counted_as(state) == "failed":
-            await self._stop_children(b)
+        for batch_id in self._of.pop(job_id, ()):
+            b = self._count(batch_id, job_id, state)
+            if b is not None and b.spec.fail_fast and counted_as(state) == "failed":
+                await self._stop_children(b)
 
     def _count(self, batch_id: str, member: str, state: str) -> _Batch | None:
         b = self._get(batch_id)
@@ -161,18 +172,42 @@ class LocalBatchCounts:
         b.state = "complete"
         b.completed_at = time.time()
         b.until = time.monotonic() + b.spec.keep_for
+        due = [k for k in CALLBACK_KINDS if k in b.spec.callbacks and _due(k, self._info(b))]
+        b.fired = {k: b.spec.callbacks[k].id for k in due}  # what ctx.batch says was enqueued
         info = self._info(b)
         for kind in CALLBACK_KINDS:
             job = b.spec.callbacks.get(kind)
-            if job is None or not _due(kind, info):
+            if job is None:
                 continue
-            filled = job.model_copy(
-                update={"headers": {**job.headers, BATCH_INFO_HEADER: info.to_json()}}
-            )
-            if self._enqueue(filled, callback_key(b.spec.id, kind), b.spec.key_ttl):
-                b.fired[kind] = job.id
+            if kind not in due:
+                if BATCH_HEADER in job.headers:  # a flow step its gate does not enqueue
+                    self._end_unrun(job, "cancelled", b.spec.keep_for)
+                    for batch_id in _batches_of(job, ""):
+                        self._count(batch_id, job.id, "cancelled")
+                continue
+            update: dict[str, object] = {}
+            if BATCH_INFO_HEADER in job.headers:
+                update["headers"] = {**job.headers, BATCH_INFO_HEADER: info.to_json()}
+            if b.spec.inputs:
+                update["payload"] = self._input(b)
+            filled = job.model_copy(update=update)
+            if not self._enqueue(filled, callback_key(b.spec.id, kind), b.spec.key_ttl):
+                del b.fired[kind]
+            elif BATCH_HEADER in job.headers:
+                self._of[job.id] = _batches_of(job, "")
         if b.spec.parent is not None:
             self._count(b.spec.parent, f"batch:{b.spec.id}", info.outcome)
+
+    def _input(self, b: _Batch) -> object:
+        """A flow step's payload: its one parent's result, or a mapping of each parent's
+        step name to its result (None for a result not kept)."""
+        results = []
+        for job_id in b.children:
+            text = self._result_of(job_id)
+            results.append(None if text is None else json.loads(text))
+        if len(b.spec.inputs) == 1:
+            return results[0] if results else None
+        return dict(zip(b.spec.inputs, results, strict=False))
 
     def _info(self, b: _Batch) -> BatchInfo:
         c = b.counts
@@ -190,7 +225,14 @@ class LocalBatchCounts:
             created_at=b.created_at,
             completed_at=b.completed_at,
             callbacks=dict(b.fired),
+            data=b.spec.data,
         )
+
+
+def _batches_of(job: Job, default: str) -> list[str]:
+    """The batches a child counts in: its ``BATCH_HEADER``'s ids (a flow step counts in its
+    flow and its dependants' gates), else ``default``."""
+    return job.headers.get(BATCH_HEADER, default).split()
 
 
 def _due(kind: str, info: BatchInfo) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -64,7 +65,22 @@ class MemoryQueue:
         self.records = LocalJobRecords(self.name)
         self.history = LocalDepthHistory(self.depth, self.delayed)
         self.debounce = LocalDebounce(self.delayed, self.records)
-        self.batches = LocalBatchCounts(self.enqueue_now, self.records.cancel)
+        self.batches = LocalBatchCounts(
+            self.enqueue_now, self.records.cancel, self.result_of, self.end_unrun
+        )
+
+    def result_of(self, job_id: str) -> str | None:
+        """A finished job's kept result as JSON text (a flow step's input), or None."""
+        info = self.records.info(job_id)
+        if info is None or not info.has_result:
+            return None
+        return json.dumps(info.result)
+
+    def end_unrun(self, job: Job, state: str, keep_for: float) -> None:
+        """A job that will never run (a flow step whose parent failed) ends ``state``."""
+        self.records.enqueued(job)
+        now = repr(time.time())
+        self.records.finish(job, state, {"finished_at": now}, keep_for)
 
     def enqueue_now(self, job: Job, key: str | None, ttl: float) -> bool:
         """Publish ``job`` now, under the idempotency key ``key`` when given (False, nothing
