@@ -1,0 +1,135 @@
+"""Batches through a crash on the real Redis: 20 batches of 50 children, three worker
+processes, one SIGKILLed while it holds children (a fourth started in its place). Every batch
+completes, every child counted once (a child the victim was running runs again and still
+counts once), and each batch's callback job exists once: one id per batch in the callbacks'
+runs, the one its ``batch:<id>:complete`` key names."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from batch_worker import ledger_keys, make_app
+from redis.asyncio import Redis
+
+from aqw.brokers.batching import callback_key
+from aqw.brokers.redis import RedisBroker
+from tests._helpers import eventually
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
+
+BATCHES = 20
+CHILDREN = 50
+KILLED = (-signal.SIGKILL,)
+
+
+async def test_a_sigkilled_worker_mid_batch_loses_no_count_and_fires_each_callback_once(
+    redis_url: str, queue_name: str, repo_root: Path, subprocess_env: dict[str, str], tmp_path: Path
+) -> None:
+    client = Redis.from_url(redis_url)
+    producer = make_app(queue_name)
+    child, done = producer.tasks["child"], producer.tasks["done"]
+    children_runs, callback_runs = ledger_keys(queue_name)
+    procs: list[asyncio.subprocess.Process] = []
+    logs = []
+
+    async def spawn(i: int) -> None:
+        log = (tmp_path / f"worker-{i}.log").open("wb")
+        logs.append(log)
+        procs.append(
+            await asyncio.create_subprocess_exec(
+                *(sys.executable, str(repo_root / "tests" / "batch_worker.py"), queue_name),
+                cwd=repo_root,
+                env=subprocess_env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+
+    try:
+        batch_ids = []
+        for _ in range(BATCHES):
+            async with producer.batch(on_complete=done) as batch:
+                await batch.enqueue_many(child, list(range(CHILDREN)))
+            batch_ids.append(batch.id)
+        broker = producer.broker
+        assert isinstance(broker, RedisBroker)
+        for i in range(3):
+            await spawn(i)
+
+        async def a_third_run() -> bool:
+            return int(await client.llen(children_runs)) >= BATCHES * CHILDREN // 3
+
+        await eventually(a_third_run, 45, "a third of the children", procs=procs, interval=0.01)
+        victim = procs[0]
+        victim.send_signal(signal.SIGKILL)
+        await asyncio.wait_for(victim.wait(), 10)
+        summary = await client.xpending(broker.keys.stream, "aqw")
+        orphaned = sum(
+            int(c["pending"])
+            for c in summary["consumers"]
+            if f"-{victim.pid}-" in c["name"].decode()
+        )
+        assert orphaned > 0, "the victim held no children when killed: nothing tested"
+        await spawn(3)
+
+        async def all_complete() -> bool:
+            infos = [await producer.batch_info(b) for b in batch_ids]
+            return (
+                all(i is not None and i.state == "complete" for i in infos)
+                and int(await client.llen(callback_runs)) >= BATCHES
+            )
+
+        await eventually(
+            all_complete, 60, "every batch complete", procs=procs, allowed_exits=KILLED
+        )
+
+        def all_ready() -> bool:  # each survivor serves (its signal handlers are set)
+            return all(b"ready" in (tmp_path / f"worker-{i}.log").read_bytes() for i in range(1, 4))
+
+        await eventually(all_ready, 30, "the workers ready", procs=procs, allowed_exits=KILLED)
+        for proc in procs[1:]:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs[1:]:
+            assert await asyncio.wait_for(proc.wait(), 20) == 0
+
+        for batch_id in batch_ids:
+            info = await producer.batch_info(batch_id)
+            assert info is not None
+            assert (info.total, info.succeeded, info.pending, info.failed) == (
+                CHILDREN,
+                CHILDREN,
+                0,
+                0,
+            )
+            assert list(info.callbacks) == ["complete"]
+        runs: dict[str, set[str]] = defaultdict(set)
+        entries: list[Any] = await client.lrange(callback_runs, 0, -1)
+        for raw in entries:
+            batch_id, job_id, succeeded = raw.decode().split()
+            runs[batch_id].add(job_id)
+            assert int(succeeded) == CHILDREN
+        assert set(runs) == set(batch_ids)
+        for batch_id, job_ids in runs.items():
+            info = await producer.batch_info(batch_id)
+            assert info is not None and job_ids == {info.callbacks["complete"]}, job_ids
+            key = broker.keys.idempotency(callback_key(batch_id, "complete"))
+            assert (await client.get(key)).decode() == info.callbacks["complete"]
+        ran = [raw.decode() for raw in await client.lrange(children_runs, 0, -1)]
+        assert len(set(ran)) == BATCHES * CHILDREN  # every child ran; a few twice, counted once
+        assert len(ran) - len(set(ran)) <= orphaned
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        for log in logs:
+            log.close()
+        await producer.close()
+        await client.aclose()
