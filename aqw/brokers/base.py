@@ -304,8 +304,9 @@ class Broker(abc.ABC):
         book = self._book
         if book is not None and job is not None:
             book.finish(job, end.state, end.fields(self.consumer, time.time()), end.keep_for)
-            if self._tally is not None:  # counted in the step, before any await
-                await self._tally.settled(job.id, end.state)
+            tally = self._tally
+            if tally is not None and job.id in tally.counting:  # counted before any await
+                await tally.settled(job.id, end.state)
         return True
 
     async def retry(
@@ -343,8 +344,9 @@ class Broker(abc.ABC):
         if entry is not None and job is not None and self._book is not None:
             fields = Finish(failure=failure).fields(failure.worker or self.consumer, time.time())
             self._book.finish(job, "dead", {**fields, "dlq_entry": entry}, keep_for)
-            if self._tally is not None:  # counted in the step, before any await
-                await self._tally.settled(job.id, "dead")
+            tally = self._tally
+            if tally is not None and job.id in tally.counting:  # counted before any await
+                await tally.settled(job.id, "dead")
         return entry
 
     async def give_back(

@@ -69,7 +69,9 @@ class LocalBatchCounts:
         self._result_of = result_of
         self._end_unrun = end_unrun
         self._batches: dict[str, _Batch] = {}
-        self._of: dict[str, list[str]] = {}  # an unfinished child's job id -> its batches
+        #: An unfinished child's job id -> the batches it counts in (the settle steps look a
+        #: job up here before calling ``settled``: a job of no batch pays one lookup).
+        self.counting: dict[str, list[str]] = {}
 
     def _get(self, batch_id: str) -> _Batch | None:
         b = self._batches.get(batch_id)
@@ -104,7 +106,7 @@ class LocalBatchCounts:
             if job.id not in b.todo:  # a member known ahead (a flow's step) is not added twice
                 b.todo.add(job.id)
                 b.children.append(job.id)
-            self._of[job.id] = _batches_of(job, batch_id)
+            self.counting[job.id] = _batches_of(job, batch_id)
             self._enqueue(job, None, 0.0)
 
     async def seal(self, batch_id: str) -> BatchInfo:
@@ -143,7 +145,7 @@ class LocalBatchCounts:
         no batch, or one that counted already); called by the settle step that ended it.
         The count is made before the first await; a ``fail_fast`` batch's other children
         are then cancelled."""
-        for batch_id in self._of.pop(job_id, ()):
+        for batch_id in self.counting.pop(job_id, ()):
             b = self._count(batch_id, job_id, state)
             if b is not None and b.spec.fail_fast and counted_as(state) == "failed":
                 await self._stop_children(b)
@@ -194,7 +196,7 @@ class LocalBatchCounts:
             if not self._enqueue(filled, callback_key(b.spec.id, kind), b.spec.key_ttl):
                 del b.fired[kind]
             elif BATCH_HEADER in job.headers:
-                self._of[job.id] = _batches_of(job, "")
+                self.counting[job.id] = _batches_of(job, "")
         if b.spec.parent is not None:
             self._count(b.spec.parent, f"batch:{b.spec.id}", info.outcome)
 
