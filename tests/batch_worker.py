@@ -1,19 +1,24 @@
-"""A worker process for tests/test_batch_crash.py: ``python tests/batch_worker.py QUEUE``.
+"""A worker process for tests/test_batch_crash.py:
+``python tests/batch_worker.py QUEUE [PG_DSN COMPLETIONS EFFECTS]``.
 
 Runs batch children (``child``: 5-20 ms, then a ledger entry) and the batches' callback
-(``done``: a ledger entry naming its batch and its own job id) on the real Redis
-(AQW_TEST_REDIS_URL) until SIGTERM. Ledger keys live under the queue's hash tag."""
+(``done``: a ledger entry naming its batch and its own job id, and, with a PostgreSQL DSN,
+one row in EFFECTS written under ``ctx.effect``) on the real Redis (AQW_TEST_REDIS_URL)
+until SIGTERM. Ledger keys live under the queue's hash tag."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 import sys
+from typing import Any
 
+import asyncpg
 from _worker_script import REDIS_URL, run, serve
 from redis.asyncio import Redis
 
 import aqw
+from aqw.idempotency import SqlCompletionStore
 
 LEASE_TTL = 1.0
 
@@ -24,7 +29,9 @@ def ledger_keys(queue: str) -> tuple[str, str]:
     return f"{tag}:ledger:children", f"{tag}:ledger:callbacks"
 
 
-def make_app(queue: str, ledger: Redis | None = None) -> aqw.App:
+def make_app(
+    queue: str, ledger: Redis | None = None, pool: Any = None, tables: tuple[str, str] = ("", "")
+) -> aqw.App:
     app = aqw.App(REDIS_URL, queue=queue, lease_ttl=LEASE_TTL)
     children, callbacks = ledger_keys(queue)
 
@@ -38,14 +45,33 @@ def make_app(queue: str, ledger: Redis | None = None) -> aqw.App:
     async def done(ctx: aqw.Context) -> None:
         assert ledger is not None and ctx.batch is not None
         await ledger.rpush(callbacks, f"{ctx.batch.id} {ctx.job_id} {ctx.batch.succeeded}")
+        if pool is not None:  # the callback's effect, exactly once however often it runs
+            store = SqlCompletionStore(tables[0])
+            async with (
+                pool.acquire() as conn,
+                conn.transaction(),
+                ctx.effect(conn, store) as first_time,
+            ):
+                if first_time:
+                    await conn.execute(
+                        f"INSERT INTO {tables[1]} (batch_id, job_id) VALUES ($1, $2)",
+                        ctx.batch.id,
+                        ctx.job_id,
+                    )
 
     return app
 
 
-async def main(queue: str) -> None:
+async def main(queue: str, dsn: str = "", completions: str = "", effects: str = "") -> None:
     ledger = Redis.from_url(REDIS_URL)
-    await serve(make_app(queue, ledger), ledger, concurrency=8, grace=5.0)
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=4) if dsn else None
+    try:
+        app = make_app(queue, ledger, pool, (completions, effects))
+        await serve(app, ledger, concurrency=8, grace=5.0)
+    finally:
+        if pool is not None:
+            await pool.close()
 
 
 if __name__ == "__main__":
-    run(main(sys.argv[1]))
+    run(main(*sys.argv[1:5]))

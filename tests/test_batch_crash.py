@@ -1,8 +1,10 @@
 """Batches through a crash on the real Redis: 20 batches of 50 children, three worker
-processes, one SIGKILLed while it holds children (a fourth started in its place). Every batch
-completes, every child counted once (a child the victim was running runs again and still
-counts once), and each batch's callback job exists once: one id per batch in the callbacks'
-runs, the one its ``batch:<id>:complete`` key names."""
+processes, one SIGKILLed while it holds children (a fourth started in its place), another
+SIGSTOPped past its lease and then resumed. Every batch completes, every child counted once
+(a child the victim was running runs again and still counts once; the paused worker's late
+acks count nothing), each batch's callback job exists once (one id per batch in the
+callbacks' runs, the one its ``batch:<id>:complete`` key names), and its effect, written
+under ``ctx.effect`` in PostgreSQL, is one row."""
 
 from __future__ import annotations
 
@@ -14,13 +16,15 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
-from batch_worker import ledger_keys, make_app
+from batch_worker import LEASE_TTL, ledger_keys, make_app
 from redis.asyncio import Redis
 
 from aqw.brokers.batching import callback_key
 from aqw.brokers.redis import RedisBroker
-from tests._helpers import eventually
+from aqw.idempotency import SqlCompletionStore
+from tests._helpers import PG_DSNS, eventually
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
 
@@ -33,6 +37,12 @@ async def test_a_sigkilled_worker_mid_batch_loses_no_count_and_fires_each_callba
     redis_url: str, queue_name: str, repo_root: Path, subprocess_env: dict[str, str], tmp_path: Path
 ) -> None:
     client = Redis.from_url(redis_url)
+    dsn = PG_DSNS[0]
+    pg = await asyncpg.connect(dsn)
+    table = f"aqw_t_{queue_name.replace('-', '_')}"
+    store = SqlCompletionStore(f"{table}_completions")
+    await store.ensure_schema(pg)
+    await pg.execute(f"CREATE TABLE {table}_effects (batch_id text NOT NULL, job_id text NOT NULL)")
     producer = make_app(queue_name)
     child, done = producer.tasks["child"], producer.tasks["done"]
     children_runs, callback_runs = ledger_keys(queue_name)
@@ -44,7 +54,9 @@ async def test_a_sigkilled_worker_mid_batch_loses_no_count_and_fires_each_callba
         logs.append(log)
         procs.append(
             await asyncio.create_subprocess_exec(
-                *(sys.executable, str(repo_root / "tests" / "batch_worker.py"), queue_name),
+                sys.executable,
+                str(repo_root / "tests" / "batch_worker.py"),
+                *(queue_name, dsn, store.table, f"{table}_effects"),
                 cwd=repo_root,
                 env=subprocess_env,
                 stdout=log,
@@ -78,6 +90,10 @@ async def test_a_sigkilled_worker_mid_batch_loses_no_count_and_fires_each_callba
         )
         assert orphaned > 0, "the victim held no children when killed: nothing tested"
         await spawn(3)
+        paused = procs[1]  # frozen past its lease: its children are taken over meanwhile
+        paused.send_signal(signal.SIGSTOP)
+        await asyncio.sleep(LEASE_TTL * 2.5)
+        paused.send_signal(signal.SIGCONT)
 
         async def all_complete() -> bool:
             infos = [await producer.batch_info(b) for b in batch_ids]
@@ -123,8 +139,16 @@ async def test_a_sigkilled_worker_mid_batch_loses_no_count_and_fires_each_callba
             assert (await client.get(key)).decode() == info.callbacks["complete"]
         ran = [raw.decode() for raw in await client.lrange(children_runs, 0, -1)]
         assert len(set(ran)) == BATCHES * CHILDREN  # every child ran; a few twice, counted once
-        assert len(ran) - len(set(ran)) <= orphaned
+        rows = await pg.fetch(f"SELECT batch_id, job_id FROM {table}_effects")
+        assert sorted(r["batch_id"] for r in rows) == sorted(batch_ids)  # one row per batch
+        assert {r["batch_id"]: r["job_id"] for r in rows} == {
+            b: (await producer.batch_info(b)).callbacks["complete"]  # type: ignore[union-attr]
+            for b in batch_ids
+        }
     finally:
+        for name in (f"{table}_effects", store.table, store.fence_table):
+            await pg.execute(f"DROP TABLE IF EXISTS {name}")
+        await pg.close()
         for proc in procs:
             if proc.returncode is None:
                 proc.kill()
