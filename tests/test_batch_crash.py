@@ -79,19 +79,22 @@ async def test_a_sigkilled_worker_mid_batch_loses_no_count_and_fires_each_callba
             return int(await client.llen(children_runs)) >= BATCHES * CHILDREN // 3
 
         await eventually(a_third_run, 45, "a third of the children", procs=procs, interval=0.01)
-        victim = procs[0]
+        victim, paused = procs[0], procs[1]
+        paused.send_signal(signal.SIGSTOP)  # frozen past its lease: its children taken over
         victim.send_signal(signal.SIGKILL)
         await asyncio.wait_for(victim.wait(), 10)
         summary = await client.xpending(broker.keys.stream, "aqw")
-        orphaned = sum(
-            int(c["pending"])
-            for c in summary["consumers"]
-            if f"-{victim.pid}-" in c["name"].decode()
-        )
-        assert orphaned > 0, "the victim held no children when killed: nothing tested"
+
+        def held(proc: asyncio.subprocess.Process) -> int:
+            return sum(
+                int(c["pending"])
+                for c in summary["consumers"]
+                if f"-{proc.pid}-" in c["name"].decode()
+            )
+
+        assert held(victim) > 0, "the victim held no children when killed: nothing tested"
+        assert held(paused) > 0, "the paused worker held no children: nothing tested"
         await spawn(3)
-        paused = procs[1]  # frozen past its lease: its children are taken over meanwhile
-        paused.send_signal(signal.SIGSTOP)
         await asyncio.sleep(LEASE_TTL * 2.5)
         paused.send_signal(signal.SIGCONT)
 
