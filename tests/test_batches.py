@@ -227,3 +227,41 @@ async def test_a_batch_child_of_another_queue_is_refused(backend: Backend) -> No
     async with app.batch() as batch:
         with pytest.raises(aqw.ConfigError, match="share its queue"):
             await batch.enqueue(other)
+
+
+async def test_a_retried_child_counts_once_at_its_end(backend: Backend) -> None:
+    app = backend.app()
+    tries: list[int] = []
+
+    @app.task(max_retries=2, retry=aqw.RetryPolicy(base=0.01, cap=0.02))
+    async def flaky(n: int) -> None:
+        tries.append(n)
+        if len(tries) < 3:
+            raise ConnectionError("try again")
+
+    async with app.batch() as batch:
+        await batch.enqueue(flaky, 1)
+    for _ in range(3):
+        info = await app.batch_info(batch.id)
+        assert info is not None and info.done == 0  # a retry is not an end
+        await _drain(app)
+        if tries and len(tries) >= 3:
+            break
+    info = await app.batch_info(batch.id)
+    assert info is not None and (info.state, info.succeeded, info.done) == ("complete", 1, 1)
+    assert len(tries) == 3
+
+
+async def test_no_batches_where_the_settle_cannot_count() -> None:
+    app = aqw.App("redis://127.0.0.1:6379/0", queue="t-nobatch", partitions=2)
+
+    @app.task
+    async def step() -> None: ...
+
+    with pytest.raises(aqw.ConfigError, match="keeps no batch counts"):
+        app.batch()
+    flow = aqw.Flow()
+    flow.add(step)
+    with pytest.raises(aqw.ConfigError, match="keeps no batch counts"):
+        await app.start(flow)
+    await app.close()

@@ -51,8 +51,9 @@ def batch_part(broker: Broker) -> BatchCounts:
     part = broker.batches
     if part is None:
         raise ConfigError(
-            f"batch: the {broker.system} broker keeps no batch counts (they must move in "
-            "the settle step of each child): use redis:// or memory://"
+            f"batch: {broker.describe()} keeps no batch counts (they move in each child's "
+            "settle step): batches and flows run on one Redis queue (not partitioned) or "
+            "memory://"
         )
     return part
 
