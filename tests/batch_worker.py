@@ -1,7 +1,8 @@
 """A worker process for tests/test_batch_crash.py:
 ``python tests/batch_worker.py QUEUE [PG_DSN COMPLETIONS EFFECTS]``.
 
-Runs batch children (``child``: 5-20 ms, then a ledger entry) and the batches' callback
+Runs batch children (``child``: 5-20 ms, then a ledger entry), flow steps (``step``: one
+more than its input, and a ledger entry in ``<children>:steps``) and the batches' callback
 (``done``: a ledger entry naming its batch and its own job id, and, with a PostgreSQL DSN,
 one row in EFFECTS written under ``ctx.effect``) on the real Redis (AQW_TEST_REDIS_URL)
 until SIGTERM. Ledger keys live under the queue's hash tag."""
@@ -40,6 +41,14 @@ def make_app(
         assert ledger is not None, "this app only enqueues"
         await asyncio.sleep(random.uniform(0.005, 0.02))
         await ledger.rpush(children, ctx.job_id)
+
+    @app.task(name="step", keep_result=True)
+    async def step(x: int | dict[str, int] | None, ctx: aqw.Context) -> int:
+        """A flow's step: one more than its parent's result (or its parents' sum)."""
+        assert ledger is not None, "this app only enqueues"
+        await asyncio.sleep(random.uniform(0.005, 0.02))
+        await ledger.rpush(children + ":steps", ctx.job_id)
+        return (x if isinstance(x, int) else sum((x or {}).values())) + 1
 
     @app.task(name="done")
     async def done(ctx: aqw.Context) -> None:

@@ -1,10 +1,12 @@
 """Batches through a crash on the real Redis: 20 batches of 50 children, three worker
-processes, one SIGKILLed while it holds children (a fourth started in its place), another
+processes (and 10 flows of 10 steps beside them), one SIGKILLed while it holds children (a
+fourth started in its place), another
 SIGSTOPped past its lease and then resumed. Every batch completes, every child counted once
 (a child the victim was running runs again and still counts once; the paused worker's late
 acks count nothing), each batch's callback job exists once (one id per batch in the
 callbacks' runs, the one its ``batch:<id>:complete`` key names), and its effect, written
-under ``ctx.effect`` in PostgreSQL, is one row."""
+under ``ctx.effect`` in PostgreSQL, is one row. Every flow ends with every step succeeded and
+the result its chain and fan-in make."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import pytest
 from batch_worker import LEASE_TTL, ledger_keys, make_app
 from redis.asyncio import Redis
 
+import aqw
 from aqw.brokers.batching import callback_key
 from aqw.brokers.redis import RedisBroker
 from aqw.idempotency import SqlCompletionStore
@@ -30,6 +33,7 @@ pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
 
 BATCHES = 20
 CHILDREN = 50
+FLOWS = 10
 KILLED = (-signal.SIGKILL,)
 
 
@@ -70,6 +74,18 @@ async def test_a_sigkilled_worker_mid_batch_loses_no_count_and_fires_each_callba
             async with producer.batch(on_complete=done) as batch:
                 await batch.enqueue_many(child, list(range(CHILDREN)))
             batch_ids.append(batch.id)
+        step = producer.tasks["step"]
+        handles = []
+        for _ in range(FLOWS):  # s0 -> s1 .. s4; s0 -> s5 .. s7; [s4, s7] -> s8 -> s9
+            flow = aqw.Flow()
+            s0 = flow.add(step, 0, name="s0")
+            left = right = s0
+            for i in range(1, 5):
+                left = flow.add(step, after=left, name=f"s{i}")
+            for i in range(5, 8):
+                right = flow.add(step, after=right, name=f"s{i}")
+            flow.add(step, after=flow.add(step, after=[left, right], name="s8"), name="s9")
+            handles.append(await producer.start(flow))
         broker = producer.broker
         assert isinstance(broker, RedisBroker)
         for i in range(3):
@@ -80,25 +96,39 @@ async def test_a_sigkilled_worker_mid_batch_loses_no_count_and_fires_each_callba
 
         await eventually(a_third_run, 45, "a third of the children", procs=procs, interval=0.01)
         victim, paused = procs[0], procs[1]
-        paused.send_signal(signal.SIGSTOP)  # frozen past its lease: its children taken over
-        victim.send_signal(signal.SIGKILL)
-        await asyncio.wait_for(victim.wait(), 10)
-        summary = await client.xpending(broker.keys.stream, "aqw")
 
-        def held(proc: asyncio.subprocess.Process) -> int:
+        async def held(proc: asyncio.subprocess.Process) -> int:
+            summary = await client.xpending(broker.keys.stream, "aqw")
             return sum(
                 int(c["pending"])
                 for c in summary["consumers"]
                 if f"-{proc.pid}-" in c["name"].decode()
             )
 
-        assert held(victim) > 0, "the victim held no children when killed: nothing tested"
-        assert held(paused) > 0, "the paused worker held no children: nothing tested"
+        async def frozen_holding(proc: asyncio.subprocess.Process) -> int:
+            """SIGSTOP ``proc`` at a moment it holds children (tried again until it does)."""
+            for _ in range(200):
+                proc.send_signal(signal.SIGSTOP)
+                count = await held(proc)
+                if count:
+                    return count
+                proc.send_signal(signal.SIGCONT)
+                await asyncio.sleep(0.01)
+            raise AssertionError(f"worker {proc.pid} never held a child: nothing tested")
+
+        await frozen_holding(paused)  # frozen past its lease: its children taken over
+        await frozen_holding(victim)
+        victim.send_signal(signal.SIGKILL)
+        await asyncio.wait_for(victim.wait(), 10)
         await spawn(3)
         await asyncio.sleep(LEASE_TTL * 2.5)
         paused.send_signal(signal.SIGCONT)
 
         async def all_complete() -> bool:
+            for handle in handles:
+                flow_info = await handle.info()
+                if flow_info is None or flow_info.state != "complete":
+                    return False
             infos = [await producer.batch_info(b) for b in batch_ids]
             return (
                 all(i is not None and i.state == "complete" for i in infos)
@@ -142,6 +172,14 @@ async def test_a_sigkilled_worker_mid_batch_loses_no_count_and_fires_each_callba
             assert (await client.get(key)).decode() == info.callbacks["complete"]
         ran = [raw.decode() for raw in await client.lrange(children_runs, 0, -1)]
         assert len(set(ran)) == BATCHES * CHILDREN  # every child ran; a few twice, counted once
+        for handle in handles:  # (5 + 4) + 1 at s8, + 1 at s9
+            assert await handle.result(timeout=10) == 11
+            flow_info = await handle.info()
+            assert flow_info is not None
+            assert {s.state for s in flow_info.steps.values()} == {"succeeded"}
+            assert (flow_info.batch.succeeded, flow_info.batch.total) == (10, 10)
+        stepped = {raw.decode() for raw in await client.lrange(children_runs + ":steps", 0, -1)}
+        assert len(stepped) == FLOWS * 10
         rows = await pg.fetch(f"SELECT batch_id, job_id FROM {table}_effects")
         assert sorted(r["batch_id"] for r in rows) == sorted(batch_ids)  # one row per batch
         assert {r["batch_id"]: r["job_id"] for r in rows} == {
