@@ -165,11 +165,17 @@ batch_count = function(prefix, bid, member, state)
   end
   local kind = (state == 'dead' or state == 'failed') and 'failed' or state
   redis.call('HINCRBY', b, kind, 1)
-  local h = redis.call('HMGET', b, 'state', 'fail_fast')
+  -- Unfinished children: total less those counted (the todo set's size, without a command).
+  local h = redis.call('HMGET', b, 'state', 'fail_fast', 'total', 'succeeded', 'failed',
+    'cancelled', 'expired')
   if kind == 'failed' and h[2] == '1' then
     batch_stop(prefix, bid)
   end
-  if h[1] == 'sealed' and redis.call('SCARD', b .. ':todo') == 0 then
+  local left = tonumber(h[3] or 0)
+  for i = 4, 7 do
+    left = left - tonumber(h[i] or 0)
+  end
+  if h[1] == 'sealed' and left <= 0 then
     batch_fire(prefix, bid)
   end
 end

@@ -25,6 +25,9 @@ from ..batching import BATCH_HEADER, CALLBACK_KINDS, BatchInfo, BatchSpec
 from ._entries import text
 from ._priorities import RedisLevels
 
+#: Children enqueued per call of ``batch_add.lua`` (a call's values go on Lua's stack).
+ADD_CHUNK = 1000
+
 
 class RedisBatchCounts:
     """The ``BatchCounts`` part of a ``RedisBroker`` (shared)."""
@@ -74,11 +77,18 @@ class RedisBatchCounts:
         await self._run(self._open, spec.id, argv)
 
     async def add(self, batch_id: str, jobs: list[Job]) -> None:
-        argv: list[Any] = [ms(UNFINISHED_KEEP)]
-        for job in jobs:
-            argv += (job.encode(), job.id, job.task, repr(job.enqueued_at))
-            argv += (self.keys.stream_for(job.priority), job.headers.get(BATCH_HEADER, batch_id))
-        await self.levels.around(jobs, self._run(self._add, batch_id, argv))
+        """In calls of ``ADD_CHUNK`` jobs, one after the other (a later call's refusal, the
+        batch sealed meanwhile, leaves the earlier calls' children in it)."""
+        for start in range(0, max(1, len(jobs)), ADD_CHUNK):  # none: still checked open
+            chunk = jobs[start : start + ADD_CHUNK]
+            argv: list[Any] = [ms(UNFINISHED_KEEP)]
+            for job in chunk:
+                argv += (job.encode(), job.id, job.task, repr(job.enqueued_at))
+                argv += (
+                    self.keys.stream_for(job.priority),
+                    job.headers.get(BATCH_HEADER, batch_id),
+                )
+            await self.levels.around(chunk, self._run(self._add, batch_id, argv))
 
     async def seal(self, batch_id: str) -> BatchInfo:
         if not await self._run(self._seal, batch_id, ["0"]):
