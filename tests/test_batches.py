@@ -5,6 +5,7 @@ zero, ``ctx.batch``, fail_fast, nesting, an empty batch, sealing races, results.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -265,3 +266,21 @@ async def test_no_batches_where_the_settle_cannot_count() -> None:
     with pytest.raises(aqw.ConfigError, match="keeps no batch counts"):
         await app.start(flow)
     await app.close()
+
+
+async def test_a_child_that_expires_unrun_counts_expired(backend: Backend) -> None:
+    app = backend.app()
+
+    @app.task(name="late")
+    async def late(n: int) -> None: ...
+
+    async with app.batch() as batch:
+        gone = aqw.Job(
+            task="late", payload=1, headers={"aqw-batch": batch.id}, expires_at=time.time() - 1
+        )
+        await app.broker.batches.add(batch.id, [gone])  # type: ignore[union-attr]
+        await batch.enqueue(late, 2)
+    await _drain(app)
+    info = await app.batch_info(batch.id)
+    assert info is not None
+    assert (info.state, info.expired, info.succeeded, info.total) == ("complete", 1, 1, 2)
