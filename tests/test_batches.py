@@ -284,3 +284,17 @@ async def test_a_child_that_expires_unrun_counts_expired(backend: Backend) -> No
     info = await app.batch_info(batch.id)
     assert info is not None
     assert (info.state, info.expired, info.succeeded, info.total) == ("complete", 1, 1, 2)
+
+
+async def test_a_failed_nested_batch_fails_fast_its_parent(backend: Backend) -> None:
+    app = backend.app()
+    t = _wire(app, {})
+    async with app.batch(fail_fast=True) as outer:
+        async with outer.batch() as inner:
+            await inner.enqueue(t["resize"], Image(id=-1))
+        await outer.enqueue_many(t["resize"], [Image(id=i) for i in range(1, 11)])
+    async with asyncio.timeout(60):
+        await app.worker(concurrency=1, burst=True).run()  # the failing child runs first
+    info = await app.batch_info(outer.id)
+    assert info is not None
+    assert (info.state, info.failed, info.cancelled, info.succeeded) == ("complete", 1, 10, 0)

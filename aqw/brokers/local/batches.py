@@ -72,6 +72,7 @@ class LocalBatchCounts:
         #: An unfinished child's job id -> the batches it counts in (the settle steps look a
         #: job up here before calling ``settled``: a job of no batch pays one lookup).
         self.counting: dict[str, list[str]] = {}
+        self._failing: list[_Batch] = []  # fail_fast batches whose children are to stop
 
     def _get(self, batch_id: str) -> _Batch | None:
         b = self._batches.get(batch_id)
@@ -117,6 +118,7 @@ class LocalBatchCounts:
             b.state = "sealed"
             if not b.todo:
                 self._fire(b)
+        await self._stop_failing()
         return self._info(b)
 
     async def info(self, batch_id: str) -> BatchInfo | None:
@@ -136,6 +138,7 @@ class LocalBatchCounts:
         await self._stop_children(b)
         if b.state == "sealed" and not b.todo:
             self._fire(b)
+        await self._stop_failing()
         return self._info(b)
 
     # -- the count of the settle steps --------------------------------------------------
@@ -146,9 +149,14 @@ class LocalBatchCounts:
         The count is made before the first await; a ``fail_fast`` batch's other children
         are then cancelled."""
         for batch_id in self.counting.pop(job_id, ()):
-            b = self._count(batch_id, job_id, state)
-            if b is not None and b.spec.fail_fast and counted_as(state) == "failed":
-                await self._stop_children(b)
+            self._count(batch_id, job_id, state)
+        await self._stop_failing()
+
+    async def _stop_failing(self) -> None:
+        """Stop the children of the ``fail_fast`` batches a count just failed (a nested
+        batch that failed counts so in its parent, and stops it too)."""
+        while self._failing:
+            await self._stop_children(self._failing.pop())
 
     def _count(self, batch_id: str, member: str, state: str) -> _Batch | None:
         b = self._get(batch_id)
@@ -157,6 +165,8 @@ class LocalBatchCounts:
         b.todo.discard(member)
         kind = counted_as(state)
         b.counts[kind] = b.counts.get(kind, 0) + 1
+        if kind == "failed" and b.spec.fail_fast:
+            self._failing.append(b)
         if not b.todo and b.state == "sealed":
             self._fire(b)
         return b
