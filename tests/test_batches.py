@@ -298,3 +298,24 @@ async def test_a_failed_nested_batch_fails_fast_its_parent(backend: Backend) -> 
     info = await app.batch_info(outer.id)
     assert info is not None
     assert (info.state, info.failed, info.cancelled, info.succeeded) == ("complete", 1, 10, 0)
+
+
+async def test_damage_in_a_batchs_keys_never_fails_its_childs_settle(
+    redis_backend: Backend, queue_name: str
+) -> None:
+    app = redis_backend.app()
+    t = _wire(app, {})
+    async with app.batch() as batch:
+        ids = await batch.enqueue_many(t["resize"], [Image(id=1), Image(id=-1)])
+    client = redis_backend.client()
+    todo = f"aqw:{{{queue_name}}}:batch:{batch.id}:todo"
+    await client.delete(todo)
+    await client.set(todo, "not a set")  # someone else's write
+    worker = app.worker(concurrency=2, burst=True)
+    async with asyncio.timeout(60):
+        await worker.run()
+    s = worker.stats  # each settle went through: no error, no lease taken for lost
+    assert (s.processed, s.dead, s.retried, s.lease_lost, s.failed) == (1, 1, 0, 0, 1)
+    states = [(await app.job(i)) for i in ids]
+    assert [s.state if s else None for s in states] == ["succeeded", "dead"]
+    assert await app.broker.depth() == aqw.QueueDepth(0, 0, 0, 1)

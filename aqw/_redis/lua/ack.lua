@@ -104,7 +104,8 @@ local function settle_all()
             redis.call('ZREM', KEYS[3], job)
           end
           if was[4] then  -- a batch's child: counted once, with its record's final state
-            batch_settled(prefix, was[4], job, (was[1] and final[was[1]]) and was[1] or state)
+            -- protected: damage in a batch's keys never fails the settle of its child
+            pcall(batch_settled, prefix, was[4], job, (was[1] and final[was[1]]) and was[1] or state)
           end
         end
       end

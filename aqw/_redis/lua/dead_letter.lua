@@ -58,7 +58,8 @@ if job ~= '' then
       redis.call('DEL', KEYS[6])
     end
     if was[2] then  -- a batch's child: its record key is <prefix>job:<id>
-      batch_settled(string.sub(KEYS[5], 1, #KEYS[5] - #job - 4), was[2], job, 'dead')
+      -- protected: damage in a batch's keys never fails the settle of its child
+      pcall(batch_settled, string.sub(KEYS[5], 1, #KEYS[5] - #job - 4), was[2], job, 'dead')
     end
   end
   redis.call('ZREM', KEYS[7], job)
