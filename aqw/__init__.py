@@ -9,6 +9,7 @@ from ._redis.lease import RedisLeaseBackend
 from ._version import __version__
 from .app import App, DeadLetters, Jobs
 from .brokers.base import Broker, DeadJob, QueueDepth
+from .brokers.batching import BatchInfo
 from .cache import Cache, CacheEntry
 from .context import Context
 from .errors import (
@@ -43,11 +44,14 @@ from .schedule import Cron, Every, Schedule
 from .task import Enqueued, Task
 from .telemetry import Telemetry
 from .worker import Worker, WorkerStats
+from .workflows import Batch, Flow
 
 __all__ = [
     "Alert",
     "App",
     "AqwError",
+    "Batch",
+    "BatchInfo",
     "Broker",
     "BrokerUnavailable",
     "Cache",
@@ -60,6 +64,7 @@ __all__ = [
     "DeadLetters",
     "Enqueued",
     "Every",
+    "Flow",
     "HandlerStopped",
     "Job",
     "JobCancelled",

@@ -7,6 +7,7 @@ from collections.abc import Callable, MutableMapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
+from .brokers.batching import BATCH_INFO_HEADER, BatchInfo
 from .cache import Cache
 from .errors import ConfigError
 from .idempotency import SqlCompletionStore, context_effect
@@ -103,6 +104,13 @@ class Context:
         self._on_cancel = callback
         if callback is not None and self._cancelled:
             callback()
+
+    @property
+    def batch(self) -> BatchInfo | None:
+        """For a batch's callback (``app.batch(on_complete=...)``): the batch's counts as
+        they were when it completed; None for any other job."""
+        text = self.job.headers.get(BATCH_INFO_HEADER)
+        return None if text is None else BatchInfo.from_json(text)
 
     @property
     def job_id(self) -> str:

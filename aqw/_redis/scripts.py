@@ -62,11 +62,25 @@ REPEATABLE = frozenset({"cancel", "result_watch"})
 REPEATABLE_SHAS: set[bytes] = set()
 
 
+#: A line of a script replaced by the named file's text: shared functions (batch_lib.lua).
+INCLUDE = "--@include "
+
+
+def _source(name: str) -> str:
+    text = resources.files("aqw._redis").joinpath("lua", f"{name}.lua").read_text("utf-8")
+    if INCLUDE not in text:
+        return text
+    return "".join(
+        _source(line[len(INCLUDE) :].strip()) if line.startswith(INCLUDE) else line
+        for line in text.splitlines(keepends=True)
+    )
+
+
 @cache
 def load(name: str) -> Script:
-    """The script ``aqw/_redis/lua/<name>.lua``, read once per process."""
-    source = resources.files("aqw._redis").joinpath("lua", f"{name}.lua").read_text("utf-8")
-    script = Script(name, source)
+    """The script ``aqw/_redis/lua/<name>.lua``, read once per process (with the files its
+    ``--@include <name>`` lines name in their place)."""
+    script = Script(name, _source(name))
     if name in REPEATABLE:
         REPEATABLE_SHAS.add(script.sha.encode())
     return script

@@ -22,6 +22,8 @@ from ..task import Enqueued, Handler, Task
 from ..telemetry import Telemetry
 from ..worker import Worker
 from ._arguments import check_app_options, check_task_name
+from ._batches import batch_info, batch_results, flow_info_of, open_batch, start
+from ._batches import cancel_batch as batch_cancel
 from ._dlq import DeadLetters
 from ._jobs import CancelOutcome, Jobs
 from ._producing import enqueue_jobs
@@ -372,6 +374,10 @@ class App:
         return await Jobs(self).get(job_id)
 
     job_status = job
+    # Batches and flows (app/_batches.py): app.batch, batch_info, batch_results, cancel_batch,
+    # start (a flow), flow_info.
+    batch, batch_info, batch_results = open_batch, batch_info, batch_results
+    cancel_batch, start, flow_info = batch_cancel, start, flow_info_of
 
     async def result(self, job_id: str, *, timeout: float | None = None) -> Any:
         """The job's result once it has ended, waiting without polling: see

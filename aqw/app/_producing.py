@@ -121,6 +121,33 @@ async def _enqueue_plain(
     return Enqueued(jobs[0].id)
 
 
+def build_jobs(
+    app: ProducerApp,
+    target: Task[Any],
+    payloads: Sequence[Any],
+    headers: dict[str, str],
+    queue: str,
+    key: str | None = None,
+) -> list[Job]:
+    """Jobs of ``target`` for ``payloads`` on ``queue`` with ``headers`` (a batch's children
+    and callbacks), validated and their wire forms checked (``check_jobs``); a task whose
+    jobs go to another queue is a ConfigError naming the queues."""
+    own = target.options.queue or app.queue
+    if own != queue:
+        raise ConfigError(
+            f"batch: task {target.name!r} sends its jobs to queue {own!r}, and the batch "
+            f"lives on queue {queue!r}: a batch's children and callbacks share its queue"
+        )
+    bodies = [target.validate(p) for p in payloads]
+    heads = target.job_headers(payloads, bodies, headers)
+    jobs = [
+        Job(task=target.name, payload=b, headers=h, key=key, priority=target.options.priority)
+        for b, h in zip(bodies, heads, strict=True)
+    ]
+    check_jobs(target.name, target.options.max_payload_bytes, jobs)
+    return jobs
+
+
 def placed(
     broker: Broker,
     target: Task[Any],

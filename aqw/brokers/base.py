@@ -26,6 +26,7 @@ from ..flow import Limits
 from ..job import Job
 from ..lease import Lease, LeaseBackend
 from ..record import DEFAULT_KEEP_FOR
+from .local.batches import LocalBatchCounts
 from .local.records import LocalJobRecords
 from .messages import (
     SUCCEEDED,
@@ -37,6 +38,7 @@ from .messages import (
     failure_fields,
 )
 from .parts import (
+    BatchCounts,
     Debounce,
     DepthHistory,
     FlowLimits,
@@ -121,6 +123,7 @@ class Broker(abc.ABC):
         debounce: Debounce | None = None,
         flow_limits: FlowLimits | None = None,
         server: ServerInfo | None = None,
+        batches: BatchCounts | None = None,
     ) -> None:
         self.queue = queue
         self.consumer = ""
@@ -138,8 +141,12 @@ class Broker(abc.ABC):
         self.flow_limits = flow_limits
         #: The server the queue lives on; None: no server to show.
         self.server = server
+        #: Batches (``app.batch``); None: refused. Its counts move in the settle steps.
+        self.batches = batches
         #: The records the settle steps below keep, when the broker's own steps do not.
         self._book = records if isinstance(records, LocalJobRecords) else None
+        #: The batch counts the settle steps below make, when the broker's own do not.
+        self._tally = batches if isinstance(batches, LocalBatchCounts) else None
 
     def describe(self) -> str:
         """Where this broker is, for a log line: the system and the queue, never a secret
@@ -308,6 +315,9 @@ class Broker(abc.ABC):
         book = self._book
         if book is not None and job is not None:
             book.finish(job, end.state, end.fields(self.consumer, time.time()), end.keep_for)
+            tally = self._tally
+            if tally is not None and job.id in tally.counting:  # counted before any await
+                await tally.settled(job.id, end.state)
         return True
 
     async def retry(
@@ -345,6 +355,9 @@ class Broker(abc.ABC):
         if entry is not None and job is not None and self._book is not None:
             fields = Finish(failure=failure).fields(failure.worker or self.consumer, time.time())
             self._book.finish(job, "dead", {**fields, "dlq_entry": entry}, keep_for)
+            tally = self._tally
+            if tally is not None and job.id in tally.counting:  # counted before any await
+                await tally.settled(job.id, "dead")
         return entry
 
     async def give_back(

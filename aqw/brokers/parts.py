@@ -12,6 +12,7 @@ attribute             part                            what needs it
 ``broker.debounce``   ``Debounce`` or None            ``enqueue(..., debounce=s)``
 ``broker.flow_limits`` ``FlowLimits`` or None         rate limits, per-key caps (start step)
 ``broker.server``     ``ServerInfo`` or None          the dashboard's health box, ``aqw bench``
+``broker.batches``    ``BatchCounts`` or None         ``app.batch``: a batch's counts, callbacks
 ====================  ==============================  =========================================
 
 Every part says whether it is ``shared``: True when every process that opens the queue sees
@@ -33,6 +34,7 @@ from typing import Any, Protocol
 
 from ..job import Job
 from ..record import DEFAULT_KEEP_FOR, JobInfo
+from .batching import BatchInfo, BatchSpec
 from .messages import (
     BlockedLease,
     CancelOutcome,
@@ -44,6 +46,7 @@ from .messages import (
 
 __all__ = [
     "PART_NAMES",
+    "BatchCounts",
     "Debounce",
     "DepthHistory",
     "FlowLimits",
@@ -64,6 +67,7 @@ PART_NAMES = {
     "debounce": "debounced jobs",
     "flow_limits": "rate limits and per-key caps",
     "server": "server information",
+    "batches": "batch counts",
 }
 
 
@@ -239,4 +243,44 @@ class ServerInfo(Part, Protocol):
     async def release_lease(self, job_id: str) -> Release:
         """Delete job ``job_id``'s lease key, only if no live worker holds it and it still
         holds the token read first (``aqw job release``): never done silently."""
+        ...
+
+
+class BatchCounts(Part, Protocol):
+    """A batch's children and counts (``aqw.brokers.batching``). The counting itself is not a
+    method: a broker's settle steps count a child (found by its record or its job id) once,
+    in the same atomic step as its own settle, by its membership in the batch's set of
+    unfinished children, and the step that brings a sealed batch to zero enqueues its
+    callbacks under their idempotency keys (``batch:<id>:<kind>``), in that same step.
+    Every key of a batch lives where its queue's keys live (Redis: the queue's slot)."""
+
+    async def open(self, spec: BatchSpec) -> None:
+        """Create batch ``spec.id``, open (children may be added; it cannot complete), with
+        its callbacks' jobs; when ``spec.parent`` is set, the new batch is added to that
+        (open) batch as one child in the same step."""
+        ...
+
+    async def add(self, batch_id: str, jobs: list[Job]) -> None:
+        """Enqueue ``jobs`` now as children of the open batch ``batch_id``, each one and its
+        membership in one atomic step (a child is never queued uncounted). Raises
+        ``aqw.ConfigError`` naming the batch when it is sealed or unknown: nothing written."""
+        ...
+
+    async def seal(self, batch_id: str) -> BatchInfo:
+        """Seal the batch: no child can be added from now on; when none is unfinished, the
+        batch completes in this step (its callbacks enqueued). Its state after the step."""
+        ...
+
+    async def info(self, batch_id: str) -> BatchInfo | None:
+        """The batch's counts now, or None (unknown id, or expired)."""
+        ...
+
+    async def children(self, batch_id: str, start: int, count: int) -> list[str]:
+        """Up to ``count`` of the batch's children's job ids from position ``start``, in the
+        order they were added (a nested batch is named ``batch:<id>``)."""
+        ...
+
+    async def cancel(self, batch_id: str) -> BatchInfo | None:
+        """Cancel the batch's children that have not started (counted cancelled at once),
+        ask the running ones to stop, seal it: its callbacks fire once the rest are final."""
         ...

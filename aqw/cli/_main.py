@@ -1,5 +1,5 @@
 """The ``aqw`` command line: ``worker``, ``enqueue``, ``status``, ``job``, ``monitor``, ``dlq``,
-``cron`` and ``bench``.
+``cron``, ``bench``, ``batch`` and ``flow``.
 
 Settings come from arguments first, then ``AQW_*`` environment variables (``AQW_APP``,
 ``AQW_BROKER``, ``AQW_QUEUE``, ``AQW_CONCURRENCY``, ``AQW_PREFETCH``, ``AQW_GRACE``,
@@ -26,6 +26,7 @@ from .._redis.cluster import cluster_redirect
 from .._text import printable
 from .._version import __version__
 from ..errors import AqwError, ConfigError, UnknownJob, UnknownTask
+from . import _batch as batch_cli
 from . import _cron as cron_cli
 from . import _dashboard as dashboard_cli
 from . import _dlq as dlq_cli
@@ -63,6 +64,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = 
     "cron": cron_cli.run,
     "dashboard": dashboard_cli.run,
     "bench": bench_cli.run,
+    "batch": batch_cli.run,
+    "flow": batch_cli.run,
 }
 
 
@@ -88,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     dlq_cli.add_parser(sub)
     cron_cli.add_parser(sub)
     dashboard_cli.add_parser(sub)
+    batch_cli.add_parser(sub)
     return parser
 
 

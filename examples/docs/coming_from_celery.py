@@ -32,12 +32,12 @@ async def notify(email: str, text: str) -> None:
     sent.append(f"{email}: {text}")
 
 
-# chain(quote.s(sku, email), notify.s()): each step enqueues the next. The key makes the
-# next step's enqueue once-only if this step runs again (a retry after the enqueue).
-@app.task(retry_on=(ConnectionError,), max_retries=5)
-async def quote(sku: str, email: str, ctx: aqw.Context) -> None:
+# chain(quote.s(sku, email), notify.s()): an aqw.Flow, where notify's input is quote's
+# result, enqueued once when quote succeeds (docs/concepts/workflows.md).
+@app.task(retry_on=(ConnectionError,), max_retries=5, keep_result=True)
+async def quote(sku: str, email: str) -> dict[str, str]:
     price = await price_api(sku) * 0.9
-    await notify.enqueue({"email": email, "text": f"{sku} at {price:.2f}"}, key=f"{ctx.job_id}:1")
+    return {"email": email, "text": f"{sku} at {price:.2f}"}
 
 
 # beat_schedule = {"nightly": {"task": "...", "schedule": crontab(hour=3, minute=0)}}
@@ -51,11 +51,10 @@ async def main() -> None:
         job_id = await fetch_price.enqueue("sku-1")  # fetch_price.delay("sku-1")
         price = await app.result(job_id, timeout=10)  # result.get(timeout=10)
         assert price == 10.0 and calls["sku-1"] == 2  # retried once, then succeeded
-        await quote.enqueue({"sku": "sku-2", "email": "ada@example.com"})
-        for _ in range(200):
-            if sent:
-                break
-            await asyncio.sleep(0.05)
+        chain = aqw.Flow()
+        chain.add(notify, after=chain.add(quote, {"sku": "sku-2", "email": "ada@example.com"}))
+        handle = await app.start(chain)
+        await handle.result(timeout=10)
     assert sent == ["ada@example.com: sku-2 at 36.00"]
     schedule = nightly_report.options.schedule
     assert schedule is not None and schedule.next_after(time.time()) > time.time()

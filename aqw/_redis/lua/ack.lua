@@ -27,6 +27,9 @@
 --   idempotency key, result or error), then m values: the idempotency key ('' for none) and
 --   the record's field/value pairs
 -- Returns one reply per job: 1 when acknowledged, 0 when refused.
+-- Batches: a child's record names its batch ('batch', read with the fields below: no command
+-- more for a job of no batch); it is counted there once (batch_lib.lua), in this step.
+--@include batch_lib
 local final = {succeeded = true, failed = true, dead = true, cancelled = true, expired = true}
 local prefix, state, keep, done_ttl = ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
 local function ours(entry)
@@ -81,7 +84,7 @@ local function settle_all()
       local count = true
       if job ~= '' then
         local rec = prefix .. 'job:' .. job
-        local was = redis.pcall('HMGET', rec, 'state', 'waited', 'indexed')
+        local was = redis.pcall('HMGET', rec, 'state', 'waited', 'indexed', 'batch')
         if not was.err then
           if was[1] and final[was[1]] then
             count = false
@@ -99,6 +102,10 @@ local function settle_all()
           end
           if was[3] then
             redis.call('ZREM', KEYS[3], job)
+          end
+          if was[4] then  -- a batch's child: counted once, with its record's final state
+            -- protected: damage in a batch's keys never fails the settle of its child
+            pcall(batch_settled, prefix, was[4], job, (was[1] and final[was[1]]) and was[1] or state)
           end
         end
       end

@@ -12,6 +12,9 @@
 -- ARGV[9 + n ..] field/value pairs of the DLQ entry
 -- Returns the DLQ entry id, or false when refused (another holder owns the lease, or the lease
 -- key is absent and the entry is no longer pending to this consumer: another claimed it).
+-- Batches: a child's record names its batch ('batch', read with its state: no command more for
+-- a job of no batch); it is counted there once as failed (batch_lib.lua), in this step.
+--@include batch_lib
 local cur = redis.call('GET', KEYS[3])
 if cur and cur ~= ARGV[2] then
   return false
@@ -42,8 +45,8 @@ if limit > 0 and redis.call('XLEN', KEYS[2]) > limit then
 end
 local job = ARGV[6]
 if job ~= '' then
-  local was = redis.pcall('HGET', KEYS[5], 'state')
-  if type(was) ~= 'table' then
+  local was = redis.pcall('HMGET', KEYS[5], 'state', 'batch')
+  if not was.err then
     redis.call('HSET', KEYS[5], 'state', 'dead', 'dlq_entry', id, unpack(ARGV, 9, 8 + n))
     redis.call('PEXPIRE', KEYS[5], ARGV[7])
     local inboxes = redis.pcall('SMEMBERS', KEYS[6])
@@ -53,6 +56,10 @@ if job ~= '' then
         redis.pcall('PEXPIRE', inbox, 300000)
       end
       redis.call('DEL', KEYS[6])
+    end
+    if was[2] then  -- a batch's child: its record key is <prefix>job:<id>
+      -- protected: damage in a batch's keys never fails the settle of its child
+      pcall(batch_settled, string.sub(KEYS[5], 1, #KEYS[5] - #job - 4), was[2], job, 'dead')
     end
   end
   redis.call('ZREM', KEYS[7], job)

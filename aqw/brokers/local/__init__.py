@@ -5,6 +5,7 @@ made of them; a broker with no shared store for a part (SQS, or one written outs
 may use them.
 """
 
+from .batches import LocalBatchCounts
 from .debounce import LocalDebounce
 from .history import LocalDepthHistory
 from .leases import MemoryLeaseBackend
@@ -19,6 +20,7 @@ from .wakeup import Wakeup, resolve
 __all__ = [
     "LevelFifos",
     "LimitedStart",
+    "LocalBatchCounts",
     "LocalDebounce",
     "LocalDepthHistory",
     "LocalJobRecords",

@@ -40,6 +40,7 @@ class MemoryBroker(Broker):
             history=q.history,
             debounce=q.debounce,
             flow_limits=LIMITS,
+            batches=q.batches,
         )
         self.dlq_limit = dlq_limit
         self._q = q

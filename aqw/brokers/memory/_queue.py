@@ -4,12 +4,15 @@ process, by name: the brokers of one name in a process share one queue, with its
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from ...job import Job
 from ..local import (
     LevelFifos,
+    LocalBatchCounts,
     LocalDebounce,
     LocalDepthHistory,
     LocalJobRecords,
@@ -57,11 +60,43 @@ class MemoryQueue:
     marks: LocalScheduleMarks = field(default_factory=LocalScheduleMarks)
     history: LocalDepthHistory = field(init=False)
     debounce: LocalDebounce = field(init=False)
+    batches: LocalBatchCounts = field(init=False)
 
     def __post_init__(self) -> None:
         self.records = LocalJobRecords(self.name)
         self.history = LocalDepthHistory(self.depth, self.delayed)
         self.debounce = LocalDebounce(self.delayed, self.records)
+        self.batches = LocalBatchCounts(
+            self.enqueue_now, self.records.cancel, self.result_of, self.end_unrun
+        )
+
+    def result_of(self, job_id: str) -> str | None:
+        """A finished job's kept result as JSON text (a flow step's input), or None."""
+        info = self.records.info(job_id)
+        if info is None or not info.has_result:
+            return None
+        return json.dumps(info.result)
+
+    def end_unrun(self, job: Job, state: str, keep_for: float) -> None:
+        """A job that will never run (a flow step whose parent failed) ends ``state``."""
+        self.records.enqueued(job)
+        now = repr(time.time())
+        self.records.finish(job, state, {"finished_at": now}, keep_for)
+
+    def enqueue_now(self, job: Job, key: str | None, ttl: float) -> bool:
+        """Publish ``job`` now, under the idempotency key ``key`` when given (False, nothing
+        published, when the key is taken): a batch's children and callbacks."""
+        if key is not None:
+            now = time.monotonic()
+            for name in (f"key:{key}", f"done:{key}"):
+                held = self.key_records.get(name)
+                if held is not None and held[1] > now:
+                    return False
+            self.key_records[f"key:{key}"] = (job.id, now + ttl)
+        self.waiting[self.next_id()] = job.encode()
+        self.records.enqueued(job)
+        self.notify()
+        return True
 
     async def depth(self) -> QueueDepth:
         return QueueDepth(len(self.waiting), len(self.pending), len(self.delayed), len(self.dlq))

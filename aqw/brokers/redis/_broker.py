@@ -39,6 +39,7 @@ from ..base import Broker
 from ..local import ShareCredit
 from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth
 from ..parts import StartLimits
+from ._batches import RedisBatchCounts
 from ._cancels import listen_cancels
 from ._debounce import RedisDebounce
 from ._entries import dead_job_of, text
@@ -108,6 +109,7 @@ class RedisBroker(Broker):
             debounce=RedisDebounce(batcher, keys, self.levels),
             flow_limits=LIMITS,
             server=RedisServer(self.client, [keys]),
+            batches=RedisBatchCounts(self.client, keys, self.levels),
         )
         self._leases = RedisLeaseBackend(batcher, fence_key=keys.fence)
         self.jobs = RedisJobs(self.client, batcher, keys, self._leases, dlq_limit)

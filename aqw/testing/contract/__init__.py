@@ -32,15 +32,19 @@ contract              what it covers
 ``HistoryContract``   ``broker.history``: depth samples, the delayed page
 ``DebounceContract``  ``broker.debounce``: debounced enqueue
 ``LimitsContract``    ``broker.flow_limits``: the start step under limits
+``BatchesContract``   ``broker.batches``: each child counted once in its settle,
+                      one callback job, sealing, nesting, a flow's gate
 ====================  ==========================================================
 """
 
 from ._kit import Kit, Subject, Traits
+from .batches import BatchesContract
 from .parts import DebounceContract, HistoryContract, LimitsContract, MarksContract, StatusContract
 from .records import RecordsContract
 from .transport import TransportContract
 
 __all__ = [
+    "BatchesContract",
     "DebounceContract",
     "HistoryContract",
     "Kit",
