@@ -40,7 +40,9 @@ from .parts import (
     Debounce,
     DepthHistory,
     FlowLimits,
+    JobRates,
     JobRecords,
+    QueueControl,
     ScheduleMarks,
     ServerInfo,
     WorkerStatus,
@@ -121,6 +123,8 @@ class Broker(abc.ABC):
         debounce: Debounce | None = None,
         flow_limits: FlowLimits | None = None,
         server: ServerInfo | None = None,
+        control: QueueControl | None = None,
+        rates: JobRates | None = None,
     ) -> None:
         self.queue = queue
         self.consumer = ""
@@ -138,6 +142,10 @@ class Broker(abc.ABC):
         self.flow_limits = flow_limits
         #: The server the queue lives on; None: no server to show.
         self.server = server
+        #: Pause/resume, the waiting list, delete and promote; None: not offered.
+        self.control = control
+        #: Throughput and durations over time (the dashboard); None: none kept.
+        self.rates = rates
         #: The records the settle steps below keep, when the broker's own steps do not.
         self._book = records if isinstance(records, LocalJobRecords) else None
 

@@ -12,6 +12,8 @@ attribute             part                            what needs it
 ``broker.debounce``   ``Debounce`` or None            ``enqueue(..., debounce=s)``
 ``broker.flow_limits`` ``FlowLimits`` or None         rate limits, per-key caps (start step)
 ``broker.server``     ``ServerInfo`` or None          the dashboard's health box, ``aqw bench``
+``broker.control``    ``QueueControl`` or None        pause, the waiting list, delete, promote
+``broker.rates``      ``JobRates`` or None            the dashboard's rates and per-task durations
 ====================  ==============================  =========================================
 
 Every part says whether it is ``shared``: True when every process that opens the queue sees
@@ -27,8 +29,9 @@ written outside aqw may use them (and says ``shared = False`` by using them).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..job import Job
@@ -47,11 +50,15 @@ __all__ = [
     "Debounce",
     "DepthHistory",
     "FlowLimits",
+    "JobRates",
     "JobRecords",
     "Part",
+    "QueueControl",
     "ScheduleMarks",
     "ServerInfo",
     "StartLimits",
+    "TaskTally",
+    "WaitingJob",
     "WorkerStatus",
 ]
 
@@ -64,6 +71,8 @@ PART_NAMES = {
     "debounce": "debounced jobs",
     "flow_limits": "rate limits and per-key caps",
     "server": "server information",
+    "control": "queue pause and the waiting list",
+    "rates": "throughput and duration history",
 }
 
 
@@ -239,4 +248,121 @@ class ServerInfo(Part, Protocol):
     async def release_lease(self, job_id: str) -> Release:
         """Delete job ``job_id``'s lease key, only if no live worker holds it and it still
         holds the token read first (``aqw job release``): never done silently."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingJob:
+    """One waiting job as the waiting list shows it: its entry id (what ``delete_waiting``
+    takes), its priority level and its wire form."""
+
+    entry_id: str
+    level: int
+    data: bytes
+
+
+class QueueControl(Part, Protocol):
+    """What an operator does to a queue (``aqw queue``, the dashboard): pause and resume
+    it (workers stop fetching from a paused queue: they read ``paused`` about once a
+    second, never per job), list its waiting jobs per priority level, delete a waiting job
+    and run a delayed one now."""
+
+    async def pause(self) -> bool:
+        """Pause the queue; False when it was paused already."""
+        ...
+
+    async def resume(self) -> bool:
+        """Resume the queue; False when it was not paused."""
+        ...
+
+    async def paused(self) -> bool:
+        """True while the queue is paused (one cheap read)."""
+        ...
+
+    async def waiting_counts(self) -> dict[int, int]:
+        """Jobs waiting (not yet delivered) per priority level in use, level 0 always."""
+        ...
+
+    async def waiting_page(self, level: int, after: str | None, count: int) -> list[WaitingJob]:
+        """Up to ``count`` waiting jobs of ``level``, oldest first, after entry ``after``."""
+        ...
+
+    async def delete_waiting(self, level: int, entry_id: str) -> bool:
+        """Delete a waiting entry that no worker has taken; False when it is gone or was
+        taken meanwhile (a running job is cancelled, not deleted)."""
+        ...
+
+    async def promote(self, job_id: str) -> bool:
+        """Make the delayed job ``job_id`` due now (the workers move it to the queue on
+        their next pass); False when no delayed job has that id."""
+        ...
+
+
+#: Seconds the per-minute buckets of ``JobRates`` are kept (the 1 h view, with margin).
+MINUTE_KEEP = 2 * 3600
+#: Seconds the per-hour buckets of ``JobRates`` are kept (the 7 d view, with margin).
+HOUR_KEEP = 8 * 86400
+#: The duration histogram: buckets grow by ``GROWTH`` from ``BASE`` seconds; ``BUCKETS``
+#: of them reach ~ 8 hours. Each bucket stands for its upper bound (within 20%).
+GROWTH = 1.2
+BASE = 0.0001
+BUCKETS = 100
+_LOG_GROWTH = math.log(GROWTH)
+
+
+def duration_bucket(seconds: float) -> int:
+    """The histogram bucket of a duration."""
+    if seconds <= BASE:
+        return 0
+    return min(BUCKETS - 1, 1 + int(math.log(seconds / BASE) / _LOG_GROWTH))
+
+
+def bucket_upper(index: int) -> float:
+    """The upper bound, in seconds, of histogram bucket ``index``."""
+    return BASE * GROWTH**index
+
+
+def quantile(histogram: dict[int, int], q: float) -> float | None:
+    """The ``q`` quantile (0-1) of a sparse histogram (bucket -> count), as its bucket's
+    upper bound; None when it is empty."""
+    total = sum(histogram.values())
+    if total <= 0:
+        return None
+    seen = 0
+    for index in sorted(histogram):
+        seen += histogram[index]
+        if seen >= q * total:
+            return bucket_upper(index)
+    return bucket_upper(max(histogram))
+
+
+@dataclass(slots=True)
+class TaskTally:
+    """One task's finished attempts in one time bucket: counts per outcome (``processed``,
+    ``failed``, ``retried``, ``dead``...) and a sparse duration histogram (bucket index of
+    ``aqw.worker``'s histogram -> count)."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    durations: dict[int, int] = field(default_factory=dict)
+
+    def merge(self, other: TaskTally) -> None:
+        for name, n in other.counts.items():
+            self.counts[name] = self.counts.get(name, 0) + n
+        for index, n in other.durations.items():
+            self.durations[index] = self.durations.get(index, 0) + n
+
+
+class JobRates(Part, Protocol):
+    """Throughput, failures and durations per task over time, kept bounded: per-minute
+    buckets for ``MINUTE_KEEP`` seconds and per-hour buckets for ``HOUR_KEEP`` seconds.
+    Workers add what they counted in their heartbeat (one write per heartbeat, never one
+    per job)."""
+
+    async def add(self, tallies: dict[float, dict[str, TaskTally]]) -> None:
+        """Add each minute's tallies (minute start -> task -> tally) to its minute bucket
+        and to the hour bucket holding it."""
+        ...
+
+    async def read(self, since: float, hourly: bool) -> dict[float, dict[str, TaskTally]]:
+        """The buckets (minute or hour start -> task -> tally) from ``since`` on."""
         ...

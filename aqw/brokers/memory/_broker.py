@@ -40,6 +40,8 @@ class MemoryBroker(Broker):
             history=q.history,
             debounce=q.debounce,
             flow_limits=LIMITS,
+            control=q.control,
+            rates=q.rates,
         )
         self.dlq_limit = dlq_limit
         self._q = q

@@ -13,8 +13,10 @@ from ..local import (
     LevelFifos,
     LocalDebounce,
     LocalDepthHistory,
+    LocalJobRates,
     LocalJobRecords,
     LocalLimiter,
+    LocalQueueControl,
     LocalScheduleMarks,
     LocalWorkerStatus,
     MemoryLeaseBackend,
@@ -56,11 +58,14 @@ class MemoryQueue:
     marks: LocalScheduleMarks = field(default_factory=LocalScheduleMarks)
     history: LocalDepthHistory = field(init=False)
     debounce: LocalDebounce = field(init=False)
+    control: LocalQueueControl = field(init=False)
+    rates: LocalJobRates = field(default_factory=LocalJobRates)
 
     def __post_init__(self) -> None:
         self.records = LocalJobRecords(self.name)
         self.history = LocalDepthHistory(self.depth, self.delayed)
         self.debounce = LocalDebounce(self.delayed, self.records)
+        self.control = LocalQueueControl(self.waiting, self.delayed, self.notify)
 
     async def depth(self) -> QueueDepth:
         return QueueDepth(len(self.waiting), len(self.pending), len(self.delayed), len(self.dlq))

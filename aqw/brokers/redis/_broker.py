@@ -39,6 +39,7 @@ from ..base import Broker
 from ..local import ShareCredit
 from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth
 from ..parts import StartLimits
+from ._control import RedisQueueControl
 from ._debounce import RedisDebounce
 from ._entries import dead_job_of, text
 from ._history import RedisDepthHistory
@@ -46,6 +47,7 @@ from ._job_start import RedisJobLease
 from ._jobs import RedisJobs
 from ._marks import RedisScheduleMarks
 from ._priorities import RedisLevels, locate
+from ._rates import RedisJobRates
 from ._records import RedisJobRecords
 from ._server import RedisServer
 from ._settle import RedisSettle
@@ -107,6 +109,8 @@ class RedisBroker(Broker):
             debounce=RedisDebounce(batcher, keys, self.levels),
             flow_limits=LIMITS,
             server=RedisServer(self.client, [keys]),
+            control=RedisQueueControl(self.client, keys, self.levels),
+            rates=RedisJobRates(self.client, keys),
         )
         self._leases = RedisLeaseBackend(batcher, fence_key=keys.fence)
         self.jobs = RedisJobs(self.client, batcher, keys, self._leases, dlq_limit)
