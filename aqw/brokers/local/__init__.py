@@ -1,8 +1,8 @@
 """The in-process parts of a broker: job records, worker heartbeats, schedule marks, depth
 history, debounce, pause and the waiting list, rates, rate limits and per-key caps, the
-job's start, leases and priority levels, all kept in this process (each part says ``shared = False``). The memory broker is
-made of them; a broker with no shared store for a part (SQS, or one written outside aqw)
-may use them.
+job's start, leases and priority levels, all kept in this process (each part says
+``shared = False``). The memory broker is made of them; a broker with no shared store for a
+part (SQS, or one written outside aqw) may use them.
 """
 
 from .control import LocalQueueControl
