@@ -11,7 +11,6 @@ import time
 
 import pytest
 
-import aqw
 from aqw.brokers.parts import TaskTally, duration_bucket, quantile
 from aqw.job import Job
 from tests._helpers import eventually
