@@ -297,6 +297,11 @@ class QueueControl(Part, Protocol):
         their next pass); False when no delayed job has that id."""
         ...
 
+    async def find(self, job_id: str) -> bytes | None:
+        """The wire form of job ``job_id`` while it waits, runs or is delayed (a bounded
+        search: the first few thousand of each), or None."""
+        ...
+
 
 #: Seconds the per-minute buckets of ``JobRates`` are kept (the 1 h view, with margin).
 MINUTE_KEEP = 2 * 3600

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from itertools import islice
 
 from ...job import Job
@@ -21,9 +21,10 @@ class LocalQueueControl:
         waiting: the queue's waiting entries, one FIFO per level.
         delayed: the queue's heap of (due, sequence, job bytes).
         changed: called after a job was made due now (wakes the queue's waiters).
+        running: the wire forms of the jobs handed out and not settled yet.
     """
 
-    __slots__ = ("_changed", "_delayed", "_paused", "_waiting")
+    __slots__ = ("_changed", "_delayed", "_paused", "_running", "_waiting")
 
     #: Kept in this process only.
     shared = False
@@ -33,7 +34,9 @@ class LocalQueueControl:
         waiting: LevelFifos,
         delayed: list[tuple[float, int, bytes]],
         changed: Callable[[], None],
+        running: Callable[[], Iterable[bytes]] = tuple,
     ) -> None:
+        self._running = running
         self._waiting = waiting
         self._delayed = delayed
         self._changed = changed
@@ -82,6 +85,16 @@ class LocalQueueControl:
                 self._changed()
                 return True
         return False
+
+    async def find(self, job_id: str) -> bytes | None:
+        needle = job_id.encode()
+        waiting = (data for fifo in self._waiting.fifos.values() for data in fifo.values())
+        delayed = (data for _, _, data in self._delayed)
+        for source in (waiting, self._running(), delayed):
+            for data in source:
+                if needle in data and _job_id(data) == job_id:
+                    return data
+        return None
 
 
 def _entry_key(entry_id: str) -> tuple[int, ...]:

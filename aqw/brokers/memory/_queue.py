@@ -65,7 +65,9 @@ class MemoryQueue:
         self.records = LocalJobRecords(self.name)
         self.history = LocalDepthHistory(self.depth, self.delayed)
         self.debounce = LocalDebounce(self.delayed, self.records)
-        self.control = LocalQueueControl(self.waiting, self.delayed, self.notify)
+        self.control = LocalQueueControl(
+            self.waiting, self.delayed, self.notify, lambda: [p.data for p in self.pending.values()]
+        )
 
     async def depth(self) -> QueueDepth:
         return QueueDepth(len(self.waiting), len(self.pending), len(self.delayed), len(self.dlq))

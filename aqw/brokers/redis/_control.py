@@ -20,6 +20,8 @@ from ._priorities import RedisLevels
 
 #: Most soonest-due members of each delayed set that ``promote`` looks at.
 PROMOTE_SCAN = 10_000
+#: Most entries of each stream and delayed set that ``find`` looks at.
+FIND_SCAN = 5_000
 
 
 def paused_key(keys: QueueKeys) -> str:
@@ -45,6 +47,7 @@ class RedisQueueControl:
         self._levels = levels
         self._delete = scripts.load("waiting_delete")
         self._promote = scripts.load("delayed_promote")
+        self._find = scripts.load("job_find")
 
     async def pause(self) -> bool:
         return bool(await self._client.set(paused_key(self._keys), str(time.time()), nx=True))
@@ -112,7 +115,22 @@ class RedisQueueControl:
     async def promote(self, job_id: str) -> bool:
         levels = await self._active()
         keys = [self._keys.delayed_for(level) for level in reversed(levels)]
-        needle = '"id":' + json.dumps(job_id, ensure_ascii=False, separators=(",", ":"))
+        needle = _needle(job_id)
         now_ms = int(time.time() * 1000)
         done: Any = await self._promote(self._client, keys, [needle, now_ms, PROMOTE_SCAN])
         return int(done) == 1
+
+    async def find(self, job_id: str) -> bytes | None:
+        levels = sorted(await self._active(), reverse=True)
+        streams = [self._keys.stream_for(level) for level in levels]
+        delayed = [self._keys.delayed_for(level) for level in levels]
+        argv = [_needle(job_id), FIND_SCAN, len(streams)]
+        found: Any = await self._find(self._client, [*streams, *delayed], argv)
+        if not found:
+            return None
+        return found if isinstance(found, bytes) else str(found).encode()
+
+
+def _needle(job_id: str) -> str:
+    """What a job's wire form holds for its id (compact JSON)."""
+    return '"id":' + json.dumps(job_id, ensure_ascii=False, separators=(",", ":"))
