@@ -13,13 +13,15 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 from pydantic import BaseModel
 
 import aqw
 from aqw.dashboard import create_app
 from aqw.dashboard._queries import PAGE
 from tests._helpers import eventually
-from tests.conftest import Backend
+from tests.conftest import Backend, PrivateRedis
+from tests.test_dashboard import _commands, _fill, _sent
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -109,7 +111,7 @@ async def test_promote_runs_a_delayed_job_now(backend: Backend) -> None:
 
 
 async def test_pause_and_resume_from_the_overview(backend: Backend) -> None:
-    app, order = make_app(backend)
+    app, _ = make_app(backend)
     ran: list[str] = []
 
     @app.task(name="note")
@@ -221,3 +223,29 @@ async def test_job_page_shows_the_payload_while_it_waits_runs_or_is_delayed(
 async def _state(app: aqw.App, job_id: str, state: str) -> bool:
     info = await app.job(job_id)
     return info is not None and info.state == state
+
+
+#: Most Redis commands (scripts' inner commands included) each page sends, whatever the
+#: queue holds: the rates pages read one hash per minute (1 h) or hour (7 d), in one
+#: round trip.
+BOUNDS = {"/waiting": 6, "/waiting?level=3": 6, "/rates?range=1h": 62, "/rates?range=7d": 170}
+
+
+@pytest.mark.redis
+async def test_the_pages_cost_a_bounded_number_of_commands(private_redis: PrivateRedis) -> None:
+    raw = redis.Redis.from_url(private_redis.url)
+    counts: dict[int, dict[str, int]] = {}
+    for n in (10, 100_000):
+        app = await _fill(private_redis.url, f"size-{n}", n)
+        async with client(create_app(app)) as c:
+            await c.get("/")  # connects
+            counts[n] = {}
+            for path in BOUNDS:
+                await c.get(path)  # the levels are read at most once a second: warm them
+                before = _commands(raw)
+                assert (await c.get(path)).status_code == 200
+                counts[n][path] = sum(_sent(before, _commands(raw)).values())
+        await app.close()
+    raw.close()
+    for path, bound in BOUNDS.items():
+        assert counts[10][path] == counts[100_000][path] <= bound, (path, counts)

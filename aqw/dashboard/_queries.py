@@ -229,7 +229,7 @@ async def job_detail(app: DashboardApp, job_id: str) -> dict[str, Any]:
         dead = await app.broker.dlq_get(info.dlq_entry)
         job = dead.job if dead is not None else None
     control = app.broker.control
-    if job is None and control is not None and (info is None or not info.finished):
+    if job is None and control is not None and info is not None and not info.finished:
         found = await control.find(job_id)  # waiting, running or delayed: its envelope
         job = decode(found) if found is not None else None
     return {
