@@ -203,3 +203,31 @@ def test_unflushed_takes_whole_slots_unless_final(final: bool) -> None:
     again, _ = stats.unflushed(final)
     assert again == {}
     assert stats.totals(60) == {"processed": 2}
+
+
+async def test_a_fetch_waiting_as_the_queue_is_paused_gives_its_jobs_back(
+    backend: Backend,
+) -> None:
+    app = backend.app()
+    done: list[int] = []
+
+    @app.task
+    async def note(n: int) -> None:
+        done.append(n)
+
+    control = app.broker.control
+    assert control is not None
+    async with app.worker() as worker:
+        await note.enqueue(0)
+        await eventually(lambda: done == [0], 10, "a first job runs")
+        await asyncio.sleep(0.3)  # the fetch loop is back in a blocking fetch
+        await control.pause()
+        await eventually(lambda: worker.intake.paused, 5, "the worker sees the pause")
+        job_id = await note.enqueue(1)
+        await asyncio.sleep(2.5)  # past the blocked fetch's end, and a few polls
+        assert done == [0]
+        info = await app.job(job_id)
+        assert info is not None and info.state == "queued"
+        assert (await app.broker.depth()).waiting == 1
+        await control.resume()
+        await eventually(lambda: done == [0, 1], 10, "the job runs after resume")

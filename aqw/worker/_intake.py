@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 from .._text import plural
-from ..brokers.base import Broker
+from ..brokers.base import Broker, Delivery
 from ..job import Job
 from ..telemetry import Telemetry, now_ns
 from ._backoff import Backoff
@@ -122,6 +122,15 @@ class Intake:
             async with asyncio.timeout(PAUSE_POLL):
                 await self._resumed.wait()
 
+    async def _hand_back(self, deliveries: list[Delivery]) -> None:
+        """Give back what a fetch returned as the queue was paused (unstarted: the same
+        attempt, at once); one that cannot be given back now is reclaimed later."""
+        for delivery in deliveries:
+            try:
+                await self.broker.give_back(delivery, None)
+            except self.transient:
+                continue
+
     async def fetch_loop(self) -> None:
         backoff = Backoff()
         slots = self.slots
@@ -148,6 +157,9 @@ class Intake:
                 continue
             self.outage.ok()
             backoff.reset()
+            if self.paused and deliveries:  # paused while this fetch waited: not ours to run
+                await self._hand_back(deliveries)
+                continue
             for delivery in deliveries:
                 slots.offer(delivery)
             if self.burst:
