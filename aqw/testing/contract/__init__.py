@@ -32,20 +32,25 @@ contract              what it covers
 ``HistoryContract``   ``broker.history``: depth samples, the delayed page
 ``DebounceContract``  ``broker.debounce``: debounced enqueue
 ``LimitsContract``    ``broker.flow_limits``: the start step under limits
+``ControlContract``   ``broker.control``: pause, the waiting list, delete, promote, find
+``RatesContract``     ``broker.rates``: counts and durations by minute and hour
 ====================  ==========================================================
 """
 
 from ._kit import Kit, Subject, Traits
+from .control import ControlContract, RatesContract
 from .parts import DebounceContract, HistoryContract, LimitsContract, MarksContract, StatusContract
 from .records import RecordsContract
 from .transport import TransportContract
 
 __all__ = [
+    "ControlContract",
     "DebounceContract",
     "HistoryContract",
     "Kit",
     "LimitsContract",
     "MarksContract",
+    "RatesContract",
     "RecordsContract",
     "StatusContract",
     "Subject",
