@@ -8,20 +8,37 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 
 from aqw.brokers.parts import TaskTally, duration_bucket, quantile
 from aqw.job import Job
 from tests._helpers import eventually
-from tests.conftest import Backend
+from tests.conftest import Backend, open_backend
 
 
 def _ids(page: list[object]) -> list[str]:
     return [Job.decode(w.data).id for w in page]  # type: ignore[attr-defined]
 
 
+@pytest.fixture(
+    params=["fakeredis-partitioned", pytest.param("redis-partitioned", marks=pytest.mark.redis)]
+)
+async def partitioned(request: pytest.FixtureRequest, queue_name: str) -> AsyncIterator[Backend]:
+    async with open_backend(request.param, queue_name) as b:
+        yield b
+
+
 async def test_pause_stops_fetching_and_resume_takes_up_again(backend: Backend) -> None:
+    await _pause_and_resume(backend)
+
+
+async def test_pause_and_resume_a_partitioned_queue(partitioned: Backend) -> None:
+    await _pause_and_resume(partitioned)
+
+
+async def _pause_and_resume(backend: Backend) -> None:
     app = backend.app()
     done: list[int] = []
 

@@ -24,8 +24,8 @@ from ._core import Dashboard
 from ._pages import bad_request as _bad
 from ._svg import rate_chart
 
-#: A stream entry id (``<ms>-<seq>``).
-STREAM_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+#: A stream entry id (``<ms>-<seq>``; ``<ms>-<seq>~p<N>`` on a partitioned queue).
+STREAM_ID = re.compile(r"^\d{1,20}-\d{1,20}(?:~p\d{1,4})?$")
 #: The ranges of the rates page: name -> (seconds, hourly buckets).
 RANGES = {"1h": (3600.0, False), "24h": (86400.0, True), "7d": (7 * 86400.0, True)}
 #: The outcomes the rates page counts, in its columns' order.
@@ -58,7 +58,7 @@ async def waiting(dash: Dashboard, request: Request) -> Response:
                 "job_id": job.id if job else "",
                 "task": job.task if job else "(not a valid job)",
                 "attempt": job.attempt if job else 0,
-                "enqueued": int(entry.entry_id.partition("-")[0]) / 1000,
+                "enqueued": int(entry.entry_id.partition("-")[0]) / 1000,  # ms in the id
             }
         )
     return dash.render(
