@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -248,3 +248,29 @@ async def test_a_fetch_waiting_as_the_queue_is_paused_gives_its_jobs_back(
         assert (await app.broker.depth()).waiting == 1
         await control.resume()
         await eventually(lambda: done == [0, 1], 10, "the job runs after resume")
+
+
+async def test_a_worker_of_several_queues_skips_the_paused_ones(
+    backend: Backend, queue_names: Callable[[], str]
+) -> None:
+    app = backend.app()
+    first, second = queue_names(), queue_names()
+    done: list[str] = []
+
+    @app.task
+    async def note(queue: str) -> None:
+        done.append(queue)
+
+    paused_part = app.broker_for(second).control
+    assert paused_part is not None
+    await paused_part.pause()
+    async with app.worker(queues=[first, second], heartbeat=0.2) as worker:
+        await note.enqueue(second, queue=second)
+        await note.enqueue(first, queue=first)
+        await eventually(lambda: done == [first], 10, "the job of the running queue")
+        await asyncio.sleep(1.5)  # several polls: the paused queue's job still waits
+        assert done == [first]
+        assert not worker.intake.paused  # one queue of two is paused: the worker fetches
+        assert (await app.broker_for(second).depth()).waiting == 1
+        await paused_part.resume()
+        await eventually(lambda: done == [first, second], 10, "the job after resume")
