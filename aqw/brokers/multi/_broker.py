@@ -81,6 +81,7 @@ class MultiBroker(Broker):
             marks=home.marks,
             history=None if home.history is None else FanOutHistory(home.history, queues),
             control=fan_out_control(home, self.brokers, self._saw_paused),
+            rates=home.rates,  # the worker's counts, all its queues together
             debounce=home.debounce,
             flow_limits=home.flow_limits,
             server=home.server,
