@@ -132,7 +132,12 @@ async def test_pause_and_resume_from_the_overview(backend: Backend) -> None:
         await note.enqueue(1)
         async with app.worker(heartbeat=0.2) as worker:
             await eventually(lambda: worker.intake.paused, 5, "the worker sees the pause")
-            await asyncio.sleep(1.2)
+
+            async def shown_paused() -> bool:
+                page = await c.get("/workers")
+                return '<span class="tag">paused</span>' in page.text
+
+            await eventually(shown_paused, 10, "the workers page to show the paused worker")
             assert ran == []
             await c.post("/actions/resume", data={"confirm": "yes"})
             await eventually(lambda: ran == ["1"], 10, "the job runs after resume")

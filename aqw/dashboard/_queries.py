@@ -108,6 +108,7 @@ async def workers(app: DashboardApp) -> list[dict[str, Any]]:
             "host": b.get("host", ""),
             "pid": b.get("pid", ""),
             "state": b.get("state", ""),
+            "paused": b.get("paused") is True,
             "concurrency": to_int(b.get("concurrency"), 0),
             "in_flight": to_int(b.get("in_flight"), 0),
             "last_beat": to_float(b.get("at"), 0.0),

@@ -17,6 +17,7 @@ from ..lease import LeaseKeeper
 from ..task import Task
 from ..telemetry import EVENT_STUCK, Telemetry
 from ._failures import ErrorTracker, RunawayGuard
+from ._intake import Intake
 from ._running import RunningJobs, WorkerStats, vars_of
 from ._scheduler import Scheduler
 from ._stats import SlidingStats
@@ -51,6 +52,7 @@ class Worker(Protocol):
     runaway: RunawayGuard
     tel: Telemetry
     scheduler: Scheduler
+    intake: Intake
 
 
 log = logging.getLogger("aqw.worker")
@@ -141,6 +143,7 @@ def summary(worker: Worker) -> dict[str, Any]:
         "host": socket.gethostname(),
         "version": __version__,
         "state": worker.state,
+        "paused": worker.intake.paused,
         "at": time.time(),
         "started_at": worker.started_at,
         "concurrency": worker.concurrency,
