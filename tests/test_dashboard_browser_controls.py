@@ -1,13 +1,16 @@
 """The dashboard's queue controls in a real browser (headless Chromium through Playwright,
 as ``test_dashboard_browser.py``): ``aqw dashboard`` and an ``aqw worker`` process on the
-real Redis. Forty running jobs fit one screen (a row is one line: their dates do not wrap);
-the overview's Pause button pauses the queue (a job enqueued then stays queued while the
-worker says it stopped fetching) and Resume lets it run; a delayed job's "Run now" runs it
-long before its due time; the waiting list shows a job of a paused queue."""
+real Redis. Forty running jobs fit one screen (a row is one line: their dates do not
+wrap); the overview's Pause button pauses the queue (a job enqueued then stays queued while
+the worker says it stopped fetching) and Resume lets it run; a delayed job's "Run now" runs
+it long before its due time; the waiting list shows a job of a paused queue; the rates page
+counts the jobs that ran. Set ``AQW_SCREENSHOTS=docs/img`` to refresh the screenshots of
+``docs/operations/dashboard-controls.md``."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -64,6 +67,9 @@ def test_pause_resume_and_run_now_in_chromium(
 ) -> None:
     from playwright.sync_api import sync_playwright
 
+    shots = Path(os.environ.get("AQW_SCREENSHOTS") or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
+
     (tmp_path / "worker_app.py").write_text(WORKER_APP.format(url=REDIS_URL, queue=queue_name))
     keys = QueueKeys(queue_name)
     raw = redis.Redis.from_url(REDIS_URL, decode_responses=True)
@@ -117,6 +123,7 @@ def test_pause_resume_and_run_now_in_chromium(
             page.goto(base + "/waiting")
             assert queued in (page.text_content("main") or ""), page.text_content("main")
             assert page.text_content("#paused-tag") == "queue paused"
+            page.screenshot(path=str(shots / "dashboard-waiting.png"))
             assert state(queued) == "queued"
             page.goto(base + "/")
             assert "paused" in (page.text_content("#queue-state") or "")
@@ -132,6 +139,14 @@ def test_pause_resume_and_run_now_in_chromium(
             page.click("text=Yes, do it")
             assert "due now" in (page.text_content("main") or "")
             wait_for(lambda: state(later) == "succeeded", 20, "the promoted job to run")
+
+            # The rates: the jobs that ran, per task, once the worker's heartbeat added them.
+            def rates_shown() -> bool:
+                page.goto(base + "/rates?range=1h")
+                return "<td>note</td>" in page.content()
+
+            wait_for(rates_shown, 30, "the rates page to count the note jobs")
+            page.screenshot(path=str(shots / "dashboard-rates.png"))
             assert page.evaluate("window.__csp") == []
             browser.close()
     finally:

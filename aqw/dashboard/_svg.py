@@ -107,7 +107,12 @@ def rate_chart(
     for i in range(5):
         at = now - span * i / 4
         ago = hours * i / 4
-        label = "now" if i == 0 else (f"-{ago:g}h" if hours <= 24 else f"-{ago / 24:g}d")
+        if i == 0:
+            label = "now"
+        elif hours <= 1:
+            label = f"-{ago * 60:g}m"
+        else:
+            label = f"-{ago:g}h" if hours <= 24 else f"-{ago / 24:g}d"
         parts.append(f'<text x="{x(at):.1f}" y="{HEIGHT - 8}" text-anchor="middle">{label}</text>')
     for index, label, colour in ((1, "finished", "#2563eb"), (2, "failed", "#dc2626")):
         line = " ".join(f"{x(p[0] + step / 2):.1f},{y(p[index]):.1f}" for p in series)
