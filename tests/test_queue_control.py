@@ -179,7 +179,7 @@ async def test_workers_add_their_counts_to_the_rates(backend: Backend) -> None:
     await worker.stop()
 
 
-async def test_rates_are_added_once_per_slot_and_bounded(backend: Backend) -> None:
+async def test_rates_are_summed_per_bucket(backend: Backend) -> None:
     rates = backend.app().broker.rates
     assert rates is not None
     now = time.time()
@@ -194,6 +194,27 @@ async def test_rates_are_added_once_per_slot_and_bounded(backend: Backend) -> No
     assert sum(t["t"].counts["processed"] for t in hours.values()) == 3
     p50 = quantile(tasks["t"].durations, 0.5)
     assert p50 is not None and 0.01 <= p50 < 0.012 * 1.2
+
+
+async def test_rate_buckets_are_trimmed_by_age(backend: Backend) -> None:
+    from aqw.brokers.parts import HOUR_KEEP, MINUTE_KEEP
+
+    app = backend.app()
+    rates = app.broker.rates
+    assert rates is not None
+    now = time.time()
+    minute = now - now % 60
+    old = minute - MINUTE_KEEP - 600
+    await rates.add({old: {"t": TaskTally({"processed": 1})}})
+    await rates.add({minute: {"t": TaskTally({"processed": 1})}})
+    if backend.raw is not None:  # Redis: each hash expires with its bucket's keep time
+        tag = app.broker.keys.tag  # type: ignore[attr-defined]
+        ttl_m = await backend.raw.ttl(f"{tag}:rates:m:{int(minute)}")
+        ttl_h = await backend.raw.ttl(f"{tag}:rates:h:{int(minute - minute % 3600)}")
+        assert 0 < ttl_m <= MINUTE_KEEP and MINUTE_KEEP < ttl_h <= HOUR_KEEP
+        assert not await backend.raw.exists(f"{tag}:rates:m:{int(old)}")  # too old to keep
+    else:  # in process: dropped as newer ones come
+        assert list(await rates.read(old - 60, False)) == [minute]
 
 
 def test_quantile_of_a_histogram() -> None:

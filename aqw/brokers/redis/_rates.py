@@ -60,6 +60,7 @@ class RedisJobRates:
     async def add(self, tallies: Buckets) -> None:
         if not tallies:
             return
+        now = time.time()
         pipe = self._client.pipeline(transaction=True)
         for minute, tasks in tallies.items():
             fields = _fields(tasks)
@@ -69,11 +70,14 @@ class RedisJobRates:
                 (False, minute, MINUTE_KEEP),
                 (True, minute - minute % 3600, HOUR_KEEP),
             ):
+                if start < now - keep:
+                    continue  # past its keep time: it would be trimmed at once
                 key = self._key(hourly, start)
                 for field, n in fields.items():
                     pipe.hincrby(key, field, n)
                 pipe.expire(key, int(keep))
-        await pipe.execute()
+        if len(pipe):
+            await pipe.execute()
 
     async def read(self, since: float, hourly: bool) -> Buckets:
         step = 3600 if hourly else 60
