@@ -58,8 +58,9 @@ class SlidingStats:
     def duration(self, seconds: float, task: str = "") -> None:
         """Record one processing duration of ``task``."""
         durations = self._current().durations
-        histogram = durations.get(task)
-        if histogram is None:
+        try:  # no call on the usual path: the task has a histogram in this slot
+            histogram = durations[task]
+        except KeyError:
             histogram = durations[task] = [0] * BUCKETS
         histogram[duration_bucket(seconds)] += 1
 
