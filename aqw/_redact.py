@@ -127,3 +127,39 @@ def _message(error: BaseException) -> str:
         return str(error)
     except Exception:  # a broken __str__ must not break error reporting
         return "<unprintable message>"
+
+
+#: Keys whose values a shown payload hides (``redact_payload``), matched in lower case
+#: with ``-`` and ``_`` left out: any key containing one of these.
+SECRET_KEYS = (
+    "password",
+    "passwd",
+    "secret",
+    "token",
+    "apikey",
+    "authorization",
+    "credential",
+    "privatekey",
+    "cookie",
+    "session",
+)
+#: What stands for a hidden value.
+HIDDEN = "***"
+
+
+def redact_payload(value: object, depth: int = 0) -> object:
+    """``value`` (a decoded JSON payload) with the values of secret-looking keys
+    (``SECRET_KEYS``: ``password``, ``api_key``, ``Authorization``...) replaced by ``***``,
+    at any depth, for showing a payload to people (the dashboard)."""
+    if depth > 50:
+        return HIDDEN
+    if isinstance(value, dict):
+        return {k: HIDDEN if _secret(k) else redact_payload(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact_payload(v, depth + 1) for v in value]
+    return value
+
+
+def _secret(key: object) -> bool:
+    name = str(key).lower().replace("_", "").replace("-", "")
+    return any(word in name for word in SECRET_KEYS)

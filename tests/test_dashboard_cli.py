@@ -115,7 +115,16 @@ def test_its_help_names_every_write_read_only_refuses(subprocess_env: dict[str, 
     )
     assert done.returncode == 0
     text = " ".join(done.stdout.split())
-    assert "refuse every write action (cancel, replay, replay with an edited payload, purge)" in (
-        text
-    )
+    refused = text.split("refuse every write action (")[1].split(")")[0]
+    for action in (
+        "cancel",
+        "replay",
+        "replay with an edited payload",
+        "purge",
+        "pause",
+        "resume",
+        "delete a waiting job",
+        "run a delayed job now",
+    ):
+        assert action in refused, action
     assert "refuses to start when the broker does not answer (exit status 1)" in text

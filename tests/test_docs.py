@@ -309,6 +309,9 @@ def _subcommand(words: list[str]) -> str:
         return f"dlq {words[1]}"
     if words[0] == "job" and len(words) > 1 and words[1] in ("show", "wait", "cancel", "release"):
         return f"job {words[1]}"
+    queue_commands = ("pause", "resume", "status", "promote", "delete")
+    if words[0] == "queue" and len(words) > 1 and words[1] in queue_commands:
+        return f"queue {words[1]}"
     if words[0] == "cron" and len(words) > 1 and words[1] == "list":
         return "cron list"
     return words[0]

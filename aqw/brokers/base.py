@@ -42,7 +42,9 @@ from .parts import (
     Debounce,
     DepthHistory,
     FlowLimits,
+    JobRates,
     JobRecords,
+    QueueControl,
     ScheduleMarks,
     ServerInfo,
     WorkerStatus,
@@ -124,6 +126,8 @@ class Broker(abc.ABC):
         flow_limits: FlowLimits | None = None,
         server: ServerInfo | None = None,
         batches: BatchCounts | None = None,
+        control: QueueControl | None = None,
+        rates: JobRates | None = None,
     ) -> None:
         self.queue = queue
         self.consumer = ""
@@ -143,6 +147,10 @@ class Broker(abc.ABC):
         self.server = server
         #: Batches (``app.batch``); None: refused. Its counts move in the settle steps.
         self.batches = batches
+        #: Pause/resume, the waiting list, delete and promote; None: not offered.
+        self.control = control
+        #: Throughput and durations over time (the dashboard); None: none kept.
+        self.rates = rates
         #: The records the settle steps below keep, when the broker's own steps do not.
         self._book = records if isinstance(records, LocalJobRecords) else None
         #: The batch counts the settle steps below make, when the broker's own do not.

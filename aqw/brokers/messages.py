@@ -266,3 +266,13 @@ class Release:
     token: bytes = b""
     worker: str = ""
     expires_in: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingJob:
+    """One waiting job as the waiting list shows it: its entry id (what ``delete_waiting``
+    takes), its priority level and its wire form."""
+
+    entry_id: str
+    level: int
+    data: bytes

@@ -13,6 +13,8 @@ attribute             part                            what needs it
 ``broker.flow_limits`` ``FlowLimits`` or None         rate limits, per-key caps (start step)
 ``broker.server``     ``ServerInfo`` or None          the dashboard's health box, ``aqw bench``
 ``broker.batches``    ``BatchCounts`` or None         ``app.batch``: a batch's counts, callbacks
+``broker.control``    ``QueueControl`` or None        pause, the waiting list, delete, promote
+``broker.rates``      ``JobRates`` or None            the dashboard's rates and per-task durations
 ====================  ==============================  =========================================
 
 Every part says whether it is ``shared``: True when every process that opens the queue sees
@@ -42,7 +44,9 @@ from .messages import (
     DepthSample,
     Release,
     ScheduleMark,
+    WaitingJob,
 )
+from .tallies import TaskTally
 
 __all__ = [
     "PART_NAMES",
@@ -50,8 +54,10 @@ __all__ = [
     "Debounce",
     "DepthHistory",
     "FlowLimits",
+    "JobRates",
     "JobRecords",
     "Part",
+    "QueueControl",
     "ScheduleMarks",
     "ServerInfo",
     "StartLimits",
@@ -68,6 +74,8 @@ PART_NAMES = {
     "flow_limits": "rate limits and per-key caps",
     "server": "server information",
     "batches": "batch counts",
+    "control": "queue pause and the waiting list",
+    "rates": "throughput and duration history",
 }
 
 
@@ -283,4 +291,61 @@ class BatchCounts(Part, Protocol):
     async def cancel(self, batch_id: str) -> BatchInfo | None:
         """Cancel the batch's children that have not started (counted cancelled at once),
         ask the running ones to stop, seal it: its callbacks fire once the rest are final."""
+
+
+class QueueControl(Part, Protocol):
+    """What an operator does to a queue (``aqw queue``, the dashboard): pause and resume
+    it (workers stop fetching from a paused queue: they read ``paused`` about once a
+    second, never per job), list its waiting jobs per priority level, delete a waiting job
+    and run a delayed one now."""
+
+    async def pause(self) -> bool:
+        """Pause the queue; False when it was paused already."""
+        ...
+
+    async def resume(self) -> bool:
+        """Resume the queue; False when it was not paused."""
+        ...
+
+    async def paused(self) -> bool:
+        """True while the queue is paused (one cheap read)."""
+        ...
+
+    async def waiting_counts(self) -> dict[int, int]:
+        """Jobs waiting (not yet delivered) per priority level in use, level 0 always."""
+        ...
+
+    async def waiting_page(self, level: int, after: str | None, count: int) -> list[WaitingJob]:
+        """Up to ``count`` waiting jobs of ``level``, oldest first, after entry ``after``."""
+        ...
+
+    async def delete_waiting(self, level: int, entry_id: str) -> bool:
+        """Delete a waiting entry that no worker has taken; False when it is gone or was
+        taken meanwhile (a running job is cancelled, not deleted)."""
+        ...
+
+    async def promote(self, job_id: str) -> bool:
+        """Make the delayed job ``job_id`` due now (the workers move it to the queue on
+        their next pass); False when no delayed job has that id."""
+        ...
+
+    async def find(self, job_id: str) -> bytes | None:
+        """The wire form of job ``job_id`` while it waits, runs or is delayed (a bounded
+        search: the first few thousand of each), or None."""
+        ...
+
+
+class JobRates(Part, Protocol):
+    """Throughput, failures and durations per task over time, kept bounded: per-minute
+    buckets for ``MINUTE_KEEP`` seconds and per-hour buckets for ``HOUR_KEEP`` seconds.
+    Workers add what they counted in their heartbeat (one write per heartbeat, never one
+    per job)."""
+
+    async def add(self, tallies: dict[float, dict[str, TaskTally]]) -> None:
+        """Add each minute's tallies (minute start -> task -> tally) to its minute bucket
+        and to the hour bucket holding it."""
+        ...
+
+    async def read(self, since: float, hourly: bool) -> dict[float, dict[str, TaskTally]]:
+        """The buckets (minute or hour start -> task -> tally) from ``since`` on."""
         ...

@@ -36,7 +36,8 @@ def add_parser(sub: Any) -> None:
         "--read-only",
         action="store_true",
         help="refuse every write action (cancel, replay, replay with an edited payload, "
-        "purge) and show no button for them",
+        "pause, resume, delete a waiting job, run a delayed job now, purge) and show no "
+        "button for them",
     )
     p.add_argument(
         "--trace-url",

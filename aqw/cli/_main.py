@@ -33,6 +33,7 @@ from . import _dlq as dlq_cli
 from . import _enqueue as enqueue_cli
 from . import _job as job_cli
 from . import _monitor as monitor_cli
+from . import _queue as queue_cli
 from . import _status as status_cli
 from . import _worker as worker_cli
 from . import bench as bench_cli
@@ -61,6 +62,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = 
     "job": job_cli.run,
     "monitor": monitor_cli.run,
     "dlq": dlq_cli.run,
+    "queue": queue_cli.run,
     "cron": cron_cli.run,
     "dashboard": dashboard_cli.run,
     "bench": bench_cli.run,
@@ -89,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     monitor_cli.add_parser(sub)
     bench_cli.add_parser(sub)
     dlq_cli.add_parser(sub)
+    queue_cli.add_parser(sub)
     cron_cli.add_parser(sub)
     dashboard_cli.add_parser(sub)
     batch_cli.add_parser(sub)

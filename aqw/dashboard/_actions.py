@@ -215,3 +215,7 @@ def _check_payload(dash: Dashboard, task_name: str, text: str) -> str | None:
 def _no_constant(name: str) -> Any:
     """``json.loads`` takes ``NaN`` and ``Infinity``, which are not JSON: refused."""
     raise ValueError(f"{name} is not a JSON number")
+
+
+#: The helpers above, for the other action module (``_controls.py``).
+read_form, field, message, confirm = _form, _one, _message, _confirm

@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from .._version import __version__
 from ..errors import BrokerUnavailable
 from ..status import render_span
-from ._format import human_bytes, when
+from ._format import human_bytes, seconds_shown, when
 from ._http import cross_site
 from ._outage import BrokerWatch
 from ._queries import DashboardApp
@@ -68,6 +68,7 @@ class Dashboard:
             size=human_bytes,
             q=lambda s: quote(str(s), safe=""),
             pct=lambda v: f"{float(v):.0%}",
+            duration=seconds_shown,
         )
 
     @property

@@ -23,6 +23,15 @@ def human_bytes(n: int) -> str:
     return f"{n} B"
 
 
+def seconds_shown(seconds: float) -> str:
+    """A duration for people: ``0.4 ms``, ``12.0 ms``, ``3.2 s``, ``5m 2s``."""
+    if seconds < 1:
+        return f"{seconds * 1000:.1f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    return render_span(seconds)
+
+
 def _instant(at: datetime | float | str | None) -> datetime | None:
     seconds = at.timestamp() if isinstance(at, datetime) else to_float(at, None)
     if seconds is None or seconds <= 0:

@@ -93,3 +93,7 @@ async def job(dash: Dashboard, request: Request) -> Response:
 async def redis(dash: Dashboard, request: Request) -> Response:
     health = await q.redis_health(dash.app.broker)
     return dash.render(request, "redis.html", health=health)
+
+
+#: The 400 page, for the other page module (``_controls.py``).
+bad_request = _bad

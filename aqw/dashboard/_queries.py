@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .._readback import split_heartbeats, to_float, to_int
+from .._redact import redact_payload
 from ..app import DeadLetters
 from ..brokers import CancelOutcome
 from ..brokers.base import Broker, DeadJob
@@ -56,7 +57,8 @@ class Payload:
 
     @classmethod
     def of(cls, value: Any) -> Payload:
-        text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
+        """``value`` as shown: secret-looking keys' values hidden (``redact_payload``)."""
+        text = json.dumps(redact_payload(value), indent=2, ensure_ascii=False, default=str)
         size = len(text.encode("utf-8", "replace"))
         return cls(text[:PAYLOAD_SHOWN], size, len(text) > PAYLOAD_SHOWN)
 
@@ -86,8 +88,10 @@ async def overview(app: DashboardApp) -> dict[str, Any]:
     soon = await views.delayed_page(0, RETRY_SCAN) if views is not None else []
     retrying = sum(1 for d in soon if (job := decode(d.data)) is not None and job.attempt > 1)
     history = await views.since(time.time() - CHART_SPAN) if views is not None else []
+    control = app.broker.control  # None: the broker cannot pause the queue
     return {
         "status": status,
+        "paused": await control.paused() if control is not None else None,
         "retrying": retrying,
         "retry_scan": min(RETRY_SCAN, len(soon)),
         "history": history,
@@ -104,6 +108,7 @@ async def workers(app: DashboardApp) -> list[dict[str, Any]]:
             "host": b.get("host", ""),
             "pid": b.get("pid", ""),
             "state": b.get("state", ""),
+            "paused": b.get("paused") is True,
             "concurrency": to_int(b.get("concurrency"), 0),
             "in_flight": to_int(b.get("in_flight"), 0),
             "last_beat": to_float(b.get("at"), 0.0),
@@ -216,13 +221,18 @@ async def dead_entry(app: DashboardApp, entry_id: str) -> dict[str, Any] | None:
 
 
 async def job_detail(app: DashboardApp, job_id: str) -> dict[str, Any]:
-    """A job's record (``app.job``) and, when it is dead, its DLQ entry's envelope: the
-    payload (cut with a size note) and the trace id of its ``traceparent``."""
+    """A job's record (``app.job``) and its envelope: from its DLQ entry when it is dead,
+    from the queue while it waits, runs or is delayed (``control.find``): the payload
+    (secrets hidden, cut with a size note) and the trace id of its ``traceparent``."""
     info = await app.job(job_id)
     job: Job | None = None
     if info is not None and info.dlq_entry:
         dead = await app.broker.dlq_get(info.dlq_entry)
         job = dead.job if dead is not None else None
+    control = app.broker.control
+    if job is None and control is not None and info is not None and not info.finished:
+        found = await control.find(job_id)  # waiting, running or delayed: its envelope
+        job = decode(found) if found is not None else None
     return {
         "info": info,
         "job": job,

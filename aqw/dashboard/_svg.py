@@ -70,3 +70,61 @@ def depth_chart(samples: Sequence[DepthSample], span: float, now: float | None =
         )
     parts.append("</svg>")
     return "".join(parts)
+
+
+def rate_chart(
+    points: Sequence[tuple[float, int, int]], span: float, step: float, now: float
+) -> str:
+    """An SVG chart of finished (blue) and failed (red) attempts per ``step`` seconds over
+    the ``span`` seconds up to ``now``: one polyline each, a point per bucket (a bucket
+    without counts is 0)."""
+    start = now - span
+    counts = {int(at): (done, failed) for at, done, failed in points}
+    first = int(start - start % step)
+    series = [(at, *counts.get(at, (0, 0))) for at in range(first, int(now) + 1, int(step))]
+    top = max([1, *(max(d, f) for _, d, f in series)])
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+
+    def x(at: float) -> float:
+        return LEFT + max(0.0, min(1.0, (at - start) / span)) * plot_w
+
+    def y(value: int) -> float:
+        return TOP + plot_h - value / top * plot_h
+
+    unit = "hour" if step >= 3600 else "minute"
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" '
+        f'class="chart" role="img" aria-label="finished and failed attempts per {unit}">',
+        f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" class="plot"/>',
+    ]
+    for value in sorted({0, round(top / 2), top}):
+        parts.append(
+            f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y(value):.1f}" y2="{y(value):.1f}" '
+            f'class="grid"/><text x="{LEFT - 6}" y="{y(value) + 4:.1f}" '
+            f'text-anchor="end">{value}</text>'
+        )
+    hours = span / 3600
+    for i in range(5):
+        at = now - span * i / 4
+        ago = hours * i / 4
+        if i == 0:
+            label = "now"
+        elif hours <= 1:
+            label = f"-{ago * 60:g}m"
+        else:
+            label = f"-{ago:g}h" if hours <= 24 else f"-{ago / 24:g}d"
+        parts.append(f'<text x="{x(at):.1f}" y="{HEIGHT - 8}" text-anchor="middle">{label}</text>')
+    for index, label, colour in ((1, "finished", "#2563eb"), (2, "failed", "#dc2626")):
+        line = " ".join(f"{x(p[0] + step / 2):.1f},{y(p[index]):.1f}" for p in series)
+        parts.append(
+            f'<polyline points="{line}" fill="none" stroke="{colour}" stroke-width="2" '
+            f'data-series="{label}"/>'
+        )
+    for i, (label, colour) in enumerate((("finished", "#2563eb"), ("failed", "#dc2626"))):
+        lx = LEFT + 8 + i * 90
+        parts.append(
+            f'<rect x="{lx}" y="{TOP + 4}" width="10" height="10" fill="{colour}"/>'
+            f'<text x="{lx + 14}" y="{TOP + 13}">{label}</text>'
+        )
+    parts.append("</svg>")
+    return "".join(parts)

@@ -57,7 +57,7 @@ async def defer(
         return
     jt.settled("defer", {ATTR_RETRY_DELAY: limited.retry_after})
     settler.stats.deferred += 1
-    settler.window.count("deferred")
+    settler.window.count("deferred", job.task)
     settler.tel.count_reason("aqw.jobs.deferred", job.task, limited.reason)
     if log.isEnabledFor(logging.DEBUG):
         log.debug(

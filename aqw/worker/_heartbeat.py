@@ -3,6 +3,7 @@ monitor) and the stuck-job watchdog (jobs running past twice their task's SLA)."
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -16,6 +17,7 @@ from ..lease import LeaseKeeper
 from ..task import Task
 from ..telemetry import EVENT_STUCK, Telemetry
 from ._failures import ErrorTracker, RunawayGuard
+from ._intake import Intake
 from ._running import RunningJobs, WorkerStats, vars_of
 from ._scheduler import Scheduler
 from ._stats import SlidingStats
@@ -50,17 +52,42 @@ class Worker(Protocol):
     runaway: RunawayGuard
     tel: Telemetry
     scheduler: Scheduler
+    intake: Intake
 
 
 log = logging.getLogger("aqw.worker")
 
 
-async def publish_beat(broker: Broker, worker: str, data: dict[str, Any], ttl: float) -> None:
-    """Publish ``worker``'s summary for ``ttl`` seconds (``broker.status``), and the queue's
-    depth sample of this bucket unless it has one (``broker.history``)."""
+async def publish_beat(
+    broker: Broker, worker: str, data: dict[str, Any], ttl: float, window: SlidingStats
+) -> None:
+    """Publish ``worker``'s summary for ``ttl`` seconds (``broker.status``), the queue's
+    depth sample of this bucket unless it has one (``broker.history``), and the counts of
+    the slots ``window`` has finished since the last beat (``broker.rates``)."""
     await broker.status.publish_heartbeat(worker, data, ttl)
     if broker.history is not None:
         await broker.history.sample(time.time())
+    await add_rates(broker, window)
+
+
+async def add_rates(broker: Broker, window: SlidingStats, final: bool = False) -> None:
+    """Add ``window``'s unflushed slots to the queue's rates (one write; nothing when the
+    broker keeps none or nothing finished since the last time)."""
+    if broker.rates is None:
+        return
+    tallies, mark = window.unflushed(final)
+    if tallies:
+        await broker.rates.add(tallies)
+    window.flushed_to(mark)
+
+
+async def withdraw(broker: Broker, worker: str, window: SlidingStats) -> None:
+    """As a worker stops: add its last counts to the rates and withdraw its heartbeat
+    (best effort: the broker may be down)."""
+    with contextlib.suppress(Exception):
+        await add_rates(broker, window, final=True)
+    with contextlib.suppress(Exception):
+        await broker.status.remove_heartbeat(worker)
 
 
 def stuck_jobs(worker: Worker) -> list[dict[str, Any]]:
@@ -116,6 +143,7 @@ def summary(worker: Worker) -> dict[str, Any]:
         "host": socket.gethostname(),
         "version": __version__,
         "state": worker.state,
+        "paused": worker.intake.paused,
         "at": time.time(),
         "started_at": worker.started_at,
         "concurrency": worker.concurrency,

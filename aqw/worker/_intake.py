@@ -4,12 +4,13 @@ burst), the loop that moves due delayed jobs into the queue, and crash recovery.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
 
 from .._text import plural
-from ..brokers.base import Broker
+from ..brokers.base import Broker, Delivery
 from ..job import Job
 from ..telemetry import Telemetry, now_ns
 from ._backoff import Backoff
@@ -25,6 +26,9 @@ BURST_HORIZON = 10.0
 #: retry's visibility up to whole seconds and reads its counters one by one) can report
 #: nothing waiting and nothing in flight as the retried message turns visible.
 RETRY_SLACK = 2.0
+#: Seconds between a worker's reads of its queue's pause flag (``broker.control``): a
+#: paused queue is fetched from no more within about this long, at one read per poll.
+PAUSE_POLL = 1.0
 
 
 class Intake:
@@ -72,11 +76,69 @@ class Intake:
         #: The lower priority levels' share of fetches (``Broker.fetch``).
         self.share = share
         self._idle_fetches = 0
+        #: The queue is paused (``aqw queue pause``): nothing is fetched or reclaimed.
+        self.paused = False
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+
+    async def _read_pause(self) -> None:
+        control = self.broker.control
+        if control is None:
+            return
+        try:
+            paused = await control.paused()
+        except self.transient:
+            return  # the fetch loop reports the outage
+        if paused == self.paused:
+            return
+        self.paused = paused
+        if paused:
+            self._resumed.clear()
+            log.info("queue %s is paused: fetching no more jobs until it is resumed", self.queue)
+        else:
+            self._resumed.set()
+            log.info("queue %s is resumed: fetching jobs again", self.queue)
+
+    @property
+    def queue(self) -> str:
+        return self.broker.queue
+
+    async def pause_loop(self) -> None:
+        """Read the queue's pause flag every ``PAUSE_POLL`` seconds (no loop without a
+        ``broker.control``)."""
+        if self.broker.control is None:
+            return
+        while not self.stop.is_set():
+            await asyncio.sleep(PAUSE_POLL)
+            await self._read_pause()
+
+    async def _wait_resumed(self) -> None:
+        slots = self.slots
+        if self.burst and not slots.in_flight and not slots.buffered:
+            log.info("burst: the queue is paused; stopping")
+            self.stop.set()
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(PAUSE_POLL):
+                await self._resumed.wait()
+
+    async def _hand_back(self, deliveries: list[Delivery]) -> None:
+        """Give back what a fetch returned as the queue was paused (unstarted: the same
+        attempt, at once); one that cannot be given back now is reclaimed later."""
+        for delivery in deliveries:
+            try:
+                await self.broker.give_back(delivery, None)
+            except self.transient:
+                continue
 
     async def fetch_loop(self) -> None:
         backoff = Backoff()
         slots = self.slots
+        await self._read_pause()  # a worker started on a paused queue fetches nothing
         while not self.stop.is_set():
+            if self.paused:
+                await self._wait_resumed()
+                continue
             slots.start_buffered()
             want = slots.free + self.prefetch - slots.buffered
             if slots.free <= 0 or want <= 0:
@@ -95,6 +157,9 @@ class Intake:
                 continue
             self.outage.ok()
             backoff.reset()
+            if self.paused and deliveries:  # paused while this fetch waited: not ours to run
+                await self._hand_back(deliveries)
+                continue
             for delivery in deliveries:
                 slots.offer(delivery)
             if self.burst:
@@ -152,7 +217,7 @@ class Intake:
         while not self.stop.is_set():
             await asyncio.sleep(interval)
             free = slots.free - slots.buffered
-            if free <= 0:
+            if free <= 0 or self.paused:
                 continue
             try:
                 deliveries = await self.broker.reclaim(free, self.lease_ttl, self.min_ttl)

@@ -271,7 +271,7 @@ class JobPath:
                 elapsed * 1000,
                 extra=attempt_fields(job, SUCCEEDED, elapsed),
             )
-        self.window.duration(elapsed)
+        self.window.duration(elapsed, job.task)
         self.tel.observe("aqw.job.duration", elapsed, job.task)
         return outcome
 

@@ -113,7 +113,7 @@ class Settler:
         error = outcome.error
         assert error is not None
         self.stats.failed += 1
-        self.window.count("failed")
+        self.window.count("failed", task.name)
         self.tel.count("aqw.jobs.failed", task.name)
         code = getattr(task.fn, "__code__", None)
         if isinstance(error, Retry):  # a requested retry is not an error
@@ -179,7 +179,7 @@ class Settler:
         jt.settled("ack" if kind == "ok" else "skip")
         if kind == "skip":
             self.stats.duplicates_skipped += 1
-            self.window.count("skipped")
+            self.window.count("skipped", task.name)
             self.tel.count("aqw.jobs.duplicates_skipped", task.name)
             log.info(
                 "job %s (%s) already completed under key %r; skipped",
@@ -190,7 +190,7 @@ class Settler:
             )
         else:
             self.stats.processed += 1
-            self.window.count("processed")
+            self.window.count("processed", task.name)
             self.tel.count("aqw.jobs.processed", task.name)
             self.runaway.record(task.name, False)
 
@@ -261,7 +261,7 @@ class Settler:
         ok = await self.step(step)
         if ok:
             self.stats.retried += 1
-            self.window.count("retried")
+            self.window.count("retried", job.task)
             self.retry_due = max(self.retry_due, due)
         return ok
 
@@ -300,7 +300,7 @@ class Settler:
                 log.warning("message %s (undecodable): not dead-lettered: %s", delivery.id, reason)
             return None
         self.stats.dead += 1
-        self.window.count("dead")
+        self.window.count("dead", job.task if job else "")
         self.tel.count("aqw.jobs.dead_lettered", job.task if job else None)
         show = self.hints.command(f"dlq show {entry[0]}")
         log_dead(delivery.id, job, reason, entry[0], show, error, ran, self.redact)

@@ -27,7 +27,7 @@ from ..lease import Lease, LeaseKeeper
 from ..task import Task
 from ..telemetry import Telemetry
 from ._failures import ErrorTracker, RunawayGuard
-from ._heartbeat import publish_beat, report_stuck, stuck_jobs, summary
+from ._heartbeat import publish_beat, report_stuck, stuck_jobs, summary, withdraw
 from ._intake import Intake
 from ._job_path import JobPath
 from ._locks import ResourceLock
@@ -236,6 +236,7 @@ class Worker:
             spawn(self.intake.fetch_loop(), name="aqw-fetch"),
             spawn(self.intake.promote_loop(), name="aqw-promote"),
             spawn(self.intake.reclaim_loop(), name="aqw-reclaim"),
+            spawn(self.intake.pause_loop(), name="aqw-pause"),
             spawn(self._heartbeat_loop(), name="aqw-heartbeat"),
             spawn(LoopWatchdog.of(self).run(), name="aqw-watchdog"),
             spawn(self.scheduler.run(), name="aqw-scheduler"),
@@ -293,8 +294,7 @@ class Worker:
         await self.keeper.close()
         self.tel.remove_gauges(self._gauges)
         self.tel.flush()  # the histogram values kept since the last collection
-        with contextlib.suppress(Exception):
-            await self.broker.status.remove_heartbeat(self.name)
+        await withdraw(self.broker, self.name, self.window)
         if self.handle_signals:
             self._remove_signal_handlers()
         self.state = "stopped"
@@ -332,7 +332,10 @@ class Worker:
             if now - last_beat >= self.heartbeat:
                 last_beat = now
                 try:
-                    await publish_beat(self.broker, self.name, self.summary(), self.heartbeat * 3)
+                    beat = self.summary()
+                    await publish_beat(
+                        self.broker, self.name, beat, self.heartbeat * 3, self.window
+                    )
                     if self.tel.metering:
                         self._depths = await depths_of(self.paths)
                 except self._transient as exc:

@@ -1,17 +1,19 @@
 """The in-process parts of a broker: job records, worker heartbeats, schedule marks, depth
-history, debounce, rate limits and per-key caps, the job's start, leases and priority
-levels, all kept in this process (each part says ``shared = False``). The memory broker is
-made of them; a broker with no shared store for a part (SQS, or one written outside aqw)
-may use them.
+history, debounce, pause and the waiting list, rates, rate limits and per-key caps, the
+job's start, leases and priority levels, all kept in this process (each part says
+``shared = False``). The memory broker is made of them; a broker with no shared store for a
+part (SQS, or one written outside aqw) may use them.
 """
 
 from .batches import LocalBatchCounts
+from .control import LocalQueueControl
 from .debounce import LocalDebounce
 from .history import LocalDepthHistory
 from .leases import MemoryLeaseBackend
 from .limits import LocalLimiter
 from .marks import LocalScheduleMarks
 from .priorities import LevelFifos, ShareCredit, level_of
+from .rates import LocalJobRates
 from .records import LocalJobRecords
 from .start import LimitedStart, LocalStartGuard, still_ours
 from .status import LocalWorkerStatus
@@ -23,8 +25,10 @@ __all__ = [
     "LocalBatchCounts",
     "LocalDebounce",
     "LocalDepthHistory",
+    "LocalJobRates",
     "LocalJobRecords",
     "LocalLimiter",
+    "LocalQueueControl",
     "LocalScheduleMarks",
     "LocalStartGuard",
     "LocalWorkerStatus",

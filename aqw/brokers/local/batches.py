@@ -11,7 +11,6 @@ key (``batch:<id>:<kind>``), and counts the batch in its parent batch when it ha
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -27,6 +26,7 @@ from ..batching import (
     callback_key,
     counted_as,
 )
+from .clock import clock
 
 #: Publish one job now: (job, idempotency key or None, key ttl) -> False when the key is
 #: taken (nothing published). Synchronous: it is part of the counting step.
@@ -50,9 +50,9 @@ class _Batch:
     children: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
     fired: dict[str, str] = field(default_factory=dict)
-    created_at: float = field(default_factory=time.time)
+    created_at: float = field(default_factory=clock.time)
     completed_at: float | None = None
-    until: float = field(default_factory=lambda: time.monotonic() + OPEN_KEEP)
+    until: float = field(default_factory=lambda: clock.monotonic() + OPEN_KEEP)
 
 
 class LocalBatchCounts:
@@ -76,7 +76,7 @@ class LocalBatchCounts:
 
     def _get(self, batch_id: str) -> _Batch | None:
         b = self._batches.get(batch_id)
-        if b is not None and b.until <= time.monotonic():
+        if b is not None and b.until <= clock.monotonic():
             del self._batches[batch_id]
             return None
         return b
@@ -182,8 +182,8 @@ class LocalBatchCounts:
         """The batch is complete: its callbacks enqueued, each once, and the batch counted
         in its parent."""
         b.state = "complete"
-        b.completed_at = time.time()
-        b.until = time.monotonic() + b.spec.keep_for
+        b.completed_at = clock.time()
+        b.until = clock.monotonic() + b.spec.keep_for
         due = [k for k in CALLBACK_KINDS if k in b.spec.callbacks and _due(k, self._info(b))]
         b.fired = {k: b.spec.callbacks[k].id for k in due}  # what ctx.batch says was enqueued
         info = self._info(b)

@@ -41,6 +41,8 @@ class MemoryBroker(Broker):
             debounce=q.debounce,
             flow_limits=LIMITS,
             batches=q.batches,
+            control=q.control,
+            rates=q.rates,
         )
         self.dlq_limit = dlq_limit
         self._q = q

@@ -15,13 +15,16 @@ from ..local import (
     LocalBatchCounts,
     LocalDebounce,
     LocalDepthHistory,
+    LocalJobRates,
     LocalJobRecords,
     LocalLimiter,
+    LocalQueueControl,
     LocalScheduleMarks,
     LocalWorkerStatus,
     MemoryLeaseBackend,
     Wakeup,
 )
+from ..local.clock import clock
 from ..messages import DeadJob, QueueDepth
 
 
@@ -47,7 +50,7 @@ class MemoryQueue:
     dlq: OrderedDict[str, DeadJob] = field(default_factory=OrderedDict)
     stats: dict[str, int] = field(default_factory=dict)
     #: Idempotency records: ``key:<key>`` (enqueued) and ``done:<key>`` (completed), each
-    #: (job id, until) in ``time.monotonic()`` seconds.
+    #: (job id, until) in ``clock.monotonic()`` seconds (``brokers/local/clock.py``).
     key_records: dict[str, tuple[str, float]] = field(default_factory=dict)
     leases: MemoryLeaseBackend = field(default_factory=MemoryLeaseBackend)
     ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -61,6 +64,8 @@ class MemoryQueue:
     history: LocalDepthHistory = field(init=False)
     debounce: LocalDebounce = field(init=False)
     batches: LocalBatchCounts = field(init=False)
+    control: LocalQueueControl = field(init=False)
+    rates: LocalJobRates = field(default_factory=LocalJobRates)
 
     def __post_init__(self) -> None:
         self.records = LocalJobRecords(self.name)
@@ -68,6 +73,9 @@ class MemoryQueue:
         self.debounce = LocalDebounce(self.delayed, self.records)
         self.batches = LocalBatchCounts(
             self.enqueue_now, self.records.cancel, self.result_of, self.end_unrun
+        )
+        self.control = LocalQueueControl(
+            self.waiting, self.delayed, self.notify, lambda: [p.data for p in self.pending.values()]
         )
 
     def result_of(self, job_id: str) -> str | None:
@@ -80,14 +88,14 @@ class MemoryQueue:
     def end_unrun(self, job: Job, state: str, keep_for: float) -> None:
         """A job that will never run (a flow step whose parent failed) ends ``state``."""
         self.records.enqueued(job)
-        now = repr(time.time())
+        now = repr(clock.time())
         self.records.finish(job, state, {"finished_at": now}, keep_for)
 
     def enqueue_now(self, job: Job, key: str | None, ttl: float) -> bool:
         """Publish ``job`` now, under the idempotency key ``key`` when given (False, nothing
         published, when the key is taken): a batch's children and callbacks."""
         if key is not None:
-            now = time.monotonic()
+            now = clock.monotonic()
             for name in (f"key:{key}", f"done:{key}"):
                 held = self.key_records.get(name)
                 if held is not None and held[1] > now:

@@ -31,7 +31,7 @@ from ...lease import Lease, LeaseBackend
 from ..base import Broker
 from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth, total_counters
 from ..redis import RedisBroker, can_wait_together, wait_together
-from ._fanout import FanOutHistory, FanOutRecords, FanOutStatus, distinct
+from ._fanout import FanOutHistory, FanOutRecords, FanOutStatus, distinct, fan_out_control
 
 __all__ = ["QUEUE_ATTRIBUTE", "MultiBroker", "queue_of"]
 
@@ -80,6 +80,8 @@ class MultiBroker(Broker):
             status=FanOutStatus(queues),
             marks=home.marks,
             history=None if home.history is None else FanOutHistory(home.history, queues),
+            control=fan_out_control(home, self.brokers, self._saw_paused),
+            rates=home.rates,  # the worker's counts, all its queues together
             debounce=home.debounce,
             flow_limits=home.flow_limits,
             server=home.server,
@@ -92,6 +94,12 @@ class MultiBroker(Broker):
         self.transient_errors = tuple(errors)
         self.weights = None if weights is None else tuple(float(w) for w in weights)
         self._credit = dict.fromkeys(self.names, 0.0)
+        #: The queues found paused at the worker's last poll (``control.paused``): not
+        #: fetched from nor recovered from.
+        self.paused: frozenset[str] = frozenset()
+
+    def _saw_paused(self, names: frozenset[str]) -> None:
+        self.paused = names
 
     def queue_brokers(self, *, home: bool = False) -> list[Broker]:
         """The queues' brokers, each once (``home``: the home broker first)."""
@@ -167,6 +175,8 @@ class MultiBroker(Broker):
     async def _take_strict(self, count: int, share: float) -> list[Delivery]:
         out: list[Delivery] = []
         for name in self.names:
+            if name in self.paused:
+                continue
             out += await self._from(name, count - len(out), 0.0, share)
             if len(out) >= count:
                 break
@@ -189,9 +199,9 @@ class MultiBroker(Broker):
 
     async def _take(self, count: int, share: float) -> list[Delivery]:
         out: list[Delivery] = []
-        empty: set[str] = set()
+        empty: set[str] = set(self.paused)
         for name, slots in self._shares(count).items():
-            if slots:
+            if slots and name not in empty:
                 got = await self._from(name, slots, 0.0, share)
                 out += got
                 if len(got) < slots:
@@ -209,15 +219,19 @@ class MultiBroker(Broker):
         """One blocking read over every queue's streams when they are Redis queues on one
         server (``redis/_wait.py``); else each queue in turn waits a short slice, until one
         delivers or ``block`` passes."""
-        queues = [self.brokers[name] for name in self.names]
+        names = [name for name in self.names if name not in self.paused]
+        if not names:
+            await asyncio.sleep(min(block, 1.0))
+            return []
+        queues = [self.brokers[name] for name in names]
         if can_wait_together(queues):
             redis_queues = [q for q in queues if isinstance(q, RedisBroker)]
             woken = await wait_together(redis_queues, self.consumer, count, block)
-            return [_tagged(self.names[i], [delivery])[0] for i, delivery in woken]
+            return [_tagged(names[i], [delivery])[0] for i, delivery in woken]
         deadline = time.monotonic() + block
         while True:
             started = time.monotonic()
-            for name in self.names:
+            for name in names:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return []
@@ -235,6 +249,8 @@ class MultiBroker(Broker):
         for name in self.names:
             if len(out) >= count:
                 break
+            if name in self.paused:
+                continue
             got = await self.brokers[name].reclaim(count - len(out), lease_ttl, min_idle)
             out += _tagged(name, got)
         return out

@@ -6,14 +6,14 @@ marks, debounce, limits and server are handed out as they are."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ...errors import UnknownJob
 from ...record import DEFAULT_KEEP_FOR, JobInfo
 from ..base import Broker
-from ..messages import CancelOutcome, DelayedJob, DepthSample
-from ..parts import DepthHistory
+from ..messages import CancelOutcome, DelayedJob, DepthSample, WaitingJob
+from ..parts import DepthHistory, QueueControl
 
 
 def distinct(brokers: Sequence[Broker]) -> list[Broker]:
@@ -119,3 +119,59 @@ class FanOutHistory:
 
     async def delayed_page(self, start: int, count: int) -> list[DelayedJob]:
         return await self._home.delayed_page(start, count)
+
+
+class FanOutControl:
+    """The controls of a worker's several queues: the home queue's, except ``paused``, which
+    reads every queue's flag (one read each: the worker polls it about once a second), tells
+    the ``MultiBroker`` which queues are paused (it fetches from the others only), and is
+    True when all of them are (the worker then fetches nothing)."""
+
+    def __init__(
+        self,
+        home: QueueControl,
+        each: Mapping[str, QueueControl],
+        saw: Callable[[frozenset[str]], None],
+    ) -> None:
+        self._home = home
+        self._each = dict(each)
+        self._saw = saw
+        self.shared = home.shared
+
+    async def pause(self) -> bool:
+        return await self._home.pause()
+
+    async def resume(self) -> bool:
+        return await self._home.resume()
+
+    async def waiting_counts(self) -> dict[int, int]:
+        return await self._home.waiting_counts()
+
+    async def waiting_page(self, level: int, after: str | None, count: int) -> list[WaitingJob]:
+        return await self._home.waiting_page(level, after, count)
+
+    async def delete_waiting(self, level: int, entry_id: str) -> bool:
+        return await self._home.delete_waiting(level, entry_id)
+
+    async def promote(self, job_id: str) -> bool:
+        return await self._home.promote(job_id)
+
+    async def find(self, job_id: str) -> bytes | None:
+        return await self._home.find(job_id)
+
+    async def paused(self) -> bool:
+        flags = {name: await control.paused() for name, control in self._each.items()}
+        names = frozenset(name for name, paused in flags.items() if paused)
+        self._saw(names)
+        return len(names) == len(flags)
+
+
+def fan_out_control(
+    home: Broker, brokers: Mapping[str, Broker], saw: Callable[[frozenset[str]], None]
+) -> FanOutControl | None:
+    """The ``FanOutControl`` of ``brokers`` when every queue has controls, else None (a
+    worker of these queues does not read a pause)."""
+    each = {name: b.control for name, b in brokers.items() if b.control is not None}
+    if home.control is None or len(each) < len(brokers):
+        return None
+    return FanOutControl(home.control, each, saw)

@@ -41,6 +41,7 @@ from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth
 from ..parts import StartLimits
 from ._batches import RedisBatchCounts
 from ._cancels import listen_cancels
+from ._control import RedisQueueControl
 from ._debounce import RedisDebounce
 from ._entries import dead_job_of, text
 from ._history import RedisDepthHistory
@@ -48,6 +49,7 @@ from ._job_start import RedisJobLease
 from ._jobs import RedisJobs
 from ._marks import RedisScheduleMarks
 from ._priorities import RedisLevels, locate
+from ._rates import RedisJobRates
 from ._records import RedisJobRecords
 from ._server import RedisServer
 from ._settle import RedisSettle
@@ -110,6 +112,8 @@ class RedisBroker(Broker):
             flow_limits=LIMITS,
             server=RedisServer(self.client, [keys]),
             batches=RedisBatchCounts(self.client, keys, self.levels),
+            control=RedisQueueControl(self.client, keys, self.levels),
+            rates=RedisJobRates(self.client, keys),
         )
         self._leases = RedisLeaseBackend(batcher, fence_key=keys.fence)
         self.jobs = RedisJobs(self.client, batcher, keys, self._leases, dlq_limit)

@@ -38,6 +38,8 @@ from ..base import Broker, check_partitions
 from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth, total_counters
 from ._broker import RedisBroker
 from ._cancels import listen_cancels
+from ._control import RedisQueueControl
+from ._partition_control import PartitionedControl
 from ._partition_fetch import PartitionReader
 from ._partition_parts import (
     PartitionedDebounce,
@@ -101,6 +103,8 @@ class PartitionedBroker(Broker):
             debounce=PartitionedDebounce(self.part_of),
             flow_limits=home.flow_limits,  # each partition's job_start.lua; a route: one
             server=RedisServer(self.client, [part.keys for part in self.parts]),
+            control=PartitionedControl([_control_of(part) for part in self.parts]),
+            rates=home.rates,  # the workers' counts, whatever the partition
         )
         batcher = CommandBatcher(self.client)
         self._leases = RedisLeaseBackend(batcher, fence_key=queue_fence_of)
@@ -351,3 +355,9 @@ def spread(broker: Broker, partitions: int) -> Broker:
     raise ConfigError(
         f"partitions={partitions}: only a Redis queue is partitioned, not a {type(broker).__name__}"
     )
+
+
+def _control_of(part: RedisBroker) -> RedisQueueControl:
+    control = part.control
+    assert isinstance(control, RedisQueueControl)  # a RedisBroker's own
+    return control

@@ -34,22 +34,27 @@ contract              what it covers
 ``LimitsContract``    ``broker.flow_limits``: the start step under limits
 ``BatchesContract``   ``broker.batches``: each child counted once in its settle,
                       one callback job, sealing, nesting, a flow's gate
+``ControlContract``   ``broker.control``: pause, the waiting list, delete, promote, find
+``RatesContract``     ``broker.rates``: counts and durations by minute and hour
 ====================  ==========================================================
 """
 
 from ._kit import Kit, Subject, Traits
 from .batches import BatchesContract
+from .control import ControlContract, RatesContract
 from .parts import DebounceContract, HistoryContract, LimitsContract, MarksContract, StatusContract
 from .records import RecordsContract
 from .transport import TransportContract
 
 __all__ = [
     "BatchesContract",
+    "ControlContract",
     "DebounceContract",
     "HistoryContract",
     "Kit",
     "LimitsContract",
     "MarksContract",
+    "RatesContract",
     "RecordsContract",
     "StatusContract",
     "Subject",
