@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError
-from .job import Job
+from .job import MAX_WEIGHT, Job
 
 #: The header that marks a debounced job (value ``"1"``). Its key is a debounce key, not an
 #: idempotency key: it has no completion record, and at start a debounced job waits while
@@ -257,3 +257,53 @@ def route_key(
     if group is not None:
         return f"group:{group}"
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class Fairness:
+    """A task's fair-share options (``@app.task(fairness_key=..., fairness_weight=...)``):
+    each a function of the validated payload or a constant."""
+
+    key: Callable[[Any], object] | str
+    weight: Callable[[Any], object] | float = 1.0
+
+    def of(self, task: str, payload: Any) -> tuple[str | None, float]:
+        """(the fairness key, its weight) of a job of ``task`` with ``payload``; a key
+        function's None: the job has no key. A bad weight raises a ``ConfigError``."""
+        key = self.key(payload) if callable(self.key) else self.key
+        weight = self.weight(payload) if callable(self.weight) else self.weight
+        return (None if key is None else key_text(key)), check_weight(weight, task)
+
+
+def check_weight(value: object, task: str) -> float:
+    """``value`` as a fairness weight (a number > 0, at most ``MAX_WEIGHT``), else a
+    ``ConfigError`` naming the task and ``fairness_weight``."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 1 / MAX_WEIGHT <= value <= MAX_WEIGHT
+    ):
+        raise ConfigError(
+            f"task {task!r}: fairness_weight must be a number from {1 / MAX_WEIGHT:g} to "
+            f"{MAX_WEIGHT:g}, got {value!r}"
+        )
+    return float(value)
+
+
+def fairness(task: str, key: object, weight: object) -> Fairness | None:
+    """Check ``@app.task``'s fairness options; a bad one raises a ``ConfigError`` naming the
+    task and the option."""
+    if key is None:
+        if weight is not None:
+            raise ConfigError(f"task {task!r}: fairness_weight needs a fairness_key")
+        return None
+    if not callable(key) and not (isinstance(key, str) and key):
+        raise ConfigError(
+            f"task {task!r}: fairness_key must be a function of the payload or a non-empty "
+            f"string, got {key!r}"
+        )
+    if weight is None:
+        weight = 1.0
+    if not callable(weight):
+        weight = check_weight(weight, task)
+    return Fairness(key, weight)

@@ -248,6 +248,11 @@ class App:
                 On SQS it is the ``MessageGroupId``: order per group on FIFO queues,
                 fairness per group (fair queues) on standard ones. The Redis and in-process
                 brokers carry it but do not order or share by it.
+            fairness_key: a function of the validated payload (or a string): the key whose
+                fair share the job counts in; fetches pick across the keys with jobs
+                waiting by their weights (``docs/concepts/fairness.md``). None: no key.
+            fairness_weight: a number, or a function of the payload: the key's weight
+                (default 1; a key of weight 2 gets twice the starts of one of weight 1).
         """
 
         def register(handler: Handler[R]) -> Task[R]:
@@ -292,6 +297,8 @@ class App:
         debounce_max: float | None = None,
         queue: str | None = None,
         priority: int | None = None,
+        fairness_key: str | None = None,
+        fairness_weight: float | None = None,
     ) -> list[Enqueued]:
         """Validate and enqueue jobs of ``task`` (a Task or a task name), one per payload;
         the options are ``Task.enqueue``'s."""
@@ -309,6 +316,8 @@ class App:
             debounce_max=debounce_max,
             queue=queue,
             priority=priority,
+            fairness_key=fairness_key,
+            fairness_weight=fairness_weight,
         )
 
     # -- running ---------------------------------------------------------------------------

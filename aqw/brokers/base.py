@@ -39,6 +39,7 @@ from .messages import (
 from .parts import (
     Debounce,
     DepthHistory,
+    FairShares,
     FlowLimits,
     JobRecords,
     ScheduleMarks,
@@ -109,6 +110,10 @@ class Broker(abc.ABC):
     #: True when a job's id says where the job lives (a partitioned queue): the producer
     #: then takes each job's id from ``job_id_for``.
     routes_jobs: bool = False
+
+    #: Fair shares between the keys of the queue (``fairness_key``); None: refused at
+    #: enqueue. A class attribute, so a broker without them passes nothing.
+    fair_shares: FairShares | None = None
 
     def __init__(
         self,

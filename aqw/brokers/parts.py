@@ -12,6 +12,8 @@ attribute             part                            what needs it
 ``broker.debounce``   ``Debounce`` or None            ``enqueue(..., debounce=s)``
 ``broker.flow_limits`` ``FlowLimits`` or None         rate limits, per-key caps (start step)
 ``broker.server``     ``ServerInfo`` or None          the dashboard's health box, ``aqw bench``
+``broker.fair_shares`` ``FairShares`` or None         ``fairness_key`` (a class attribute: None
+                                                      unless the broker picks by fair shares)
 ====================  ==============================  =========================================
 
 Every part says whether it is ``shared``: True when every process that opens the queue sees
@@ -27,7 +29,7 @@ written outside aqw may use them (and says ``shared = False`` by using them).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -46,6 +48,7 @@ __all__ = [
     "PART_NAMES",
     "Debounce",
     "DepthHistory",
+    "FairShares",
     "FlowLimits",
     "JobRecords",
     "Part",
@@ -64,6 +67,7 @@ PART_NAMES = {
     "debounce": "debounced jobs",
     "flow_limits": "rate limits and per-key caps",
     "server": "server information",
+    "fair_shares": "fair shares",
 }
 
 
@@ -193,6 +197,19 @@ class FlowLimits(Part, Protocol):
     @property
     def options(self) -> frozenset[str]:
         """The task options enforced, by name (``rate_limit``, ``max_per_key``)."""
+        ...
+
+
+class FairShares(Part, Protocol):
+    """Fair shares between the keys of a queue (``@app.task(fairness_key=...)``): a job with
+    a fairness key waits in its key's turn, and the fetch picks across the keys with jobs
+    waiting (within each priority level) by start-time fair queueing on their weights, so a
+    key that starts waiting is among the next (keys waiting) picks whatever another key
+    holds (``docs/concepts/fairness.md``)."""
+
+    async def publish(self, jobs: Sequence[Job]) -> None:
+        """Enqueue ``jobs`` (each with ``fairness_key`` and ``fairness_weight``), due now,
+        with their records, into their keys' turns."""
         ...
 
 

@@ -6,6 +6,7 @@ may use them.
 """
 
 from .debounce import LocalDebounce
+from .fair import FairLevel, LocalFairShares
 from .history import LocalDepthHistory
 from .leases import MemoryLeaseBackend
 from .limits import LocalLimiter
@@ -16,10 +17,12 @@ from .start import LimitedStart, LocalStartGuard, still_ours
 from .status import LocalWorkerStatus
 
 __all__ = [
+    "FairLevel",
     "LevelFifos",
     "LimitedStart",
     "LocalDebounce",
     "LocalDepthHistory",
+    "LocalFairShares",
     "LocalJobRecords",
     "LocalLimiter",
     "LocalScheduleMarks",

@@ -44,6 +44,7 @@ class MemoryBroker(Broker):
         self.dlq_limit = dlq_limit
         self._q = q
         self._share = ShareCredit()
+        self.fair_shares = q.fair
 
     def describe(self) -> str:
         return f"memory://{self.queue} (in-process only)"
@@ -102,18 +103,21 @@ class MemoryBroker(Broker):
     async def fetch(self, count: int, block: float, share: float = 0.0) -> list[Delivery]:
         await self.connect()
         q = self._q
-        if not q.waiting and block > 0:
+        fair = q.fair.levels
+        if not q.waiting and block > 0 and not (fair and len(q.fair)):
             assert q.changed is not None
             q.changed.clear()
             try:
                 async with asyncio.timeout(block):
-                    while not q.waiting:
+                    while not q.waiting and not (fair and len(q.fair)):
                         await q.changed.wait()
                         q.changed.clear()
             except TimeoutError:
                 return []
         out: list[Delivery] = []
         now = time.monotonic()
+        if fair:  # jobs with a fairness key: picked into the FIFOs as this fetch wants them
+            q.fair.fill(q.waiting, count)
         lowest = q.waiting.mixed and self._share.turn(share)  # the highest level first
         for entry_id, data, level in q.waiting.take(count, lowest):
             q.pending[entry_id] = Pending(data, self.consumer, now, 1)

@@ -13,6 +13,7 @@ from ..local import (
     LevelFifos,
     LocalDebounce,
     LocalDepthHistory,
+    LocalFairShares,
     LocalJobRecords,
     LocalLimiter,
     LocalScheduleMarks,
@@ -56,14 +57,18 @@ class MemoryQueue:
     marks: LocalScheduleMarks = field(default_factory=LocalScheduleMarks)
     history: LocalDepthHistory = field(init=False)
     debounce: LocalDebounce = field(init=False)
+    #: The fair turns of jobs with a fairness key (``local/fair.py``).
+    fair: LocalFairShares = field(init=False)
 
     def __post_init__(self) -> None:
         self.records = LocalJobRecords(self.name)
         self.history = LocalDepthHistory(self.depth, self.delayed)
         self.debounce = LocalDebounce(self.delayed, self.records)
+        self.fair = LocalFairShares(self.records.enqueued, self.notify)
 
     async def depth(self) -> QueueDepth:
-        return QueueDepth(len(self.waiting), len(self.pending), len(self.delayed), len(self.dlq))
+        waiting = len(self.waiting) + len(self.fair)
+        return QueueDepth(waiting, len(self.pending), len(self.delayed), len(self.dlq))
 
     def next_id(self) -> str:
         return f"{int(time.time() * 1000)}-{next(self.ids)}"

@@ -41,6 +41,7 @@ from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth
 from ..parts import StartLimits
 from ._debounce import RedisDebounce
 from ._entries import dead_job_of, text
+from ._fair import RedisFairShares
 from ._history import RedisDepthHistory
 from ._job_start import RedisJobLease
 from ._jobs import RedisJobs
@@ -112,6 +113,7 @@ class RedisBroker(Broker):
         self.jobs = RedisJobs(self.client, batcher, keys, self._leases, dlq_limit)
         self.steps = RedisSettle(self.client, batcher, keys, dlq_limit)
         self._share = ShareCredit()
+        self.fair_shares = RedisFairShares(batcher, keys, self.levels)
         #: The consumer names this broker has read as (``_holder``).
         self._read_as: set[str] = set()
         self._keep_alive = _scripts.load("keep_alive")
