@@ -307,3 +307,32 @@ def fairness(task: str, key: object, weight: object) -> Fairness | None:
     if not callable(weight):
         weight = check_weight(weight, task)
     return Fairness(key, weight)
+
+
+def with_overrides(limits: Limits, task: str, changed: dict[str, str]) -> Limits:
+    """``limits`` (of a job of ``task``) under the limits changed at run time (``changed``,
+    ``aqw.brokers.parts.RunLimits``'s map): ``rate:<task>:<key>`` for the job's rate
+    bucket, else ``rate:<task>``; ``cap:<task>`` for its per-key caps. A stored value that
+    does not parse is ignored (the registered limit holds)."""
+    bucket, interval, tolerance = limits.bucket, limits.interval_us, limits.tolerance_us
+    caps = limits.caps
+    if bucket is not None:
+        value = changed.get(f"rate:{bucket}") or changed.get(f"rate:{task}")
+        rate = stored_rate(value)
+        if rate is not None:
+            interval, tolerance = rate.interval_us, rate.tolerance_us
+    most = changed.get(f"cap:{task}")
+    if most is not None and most.isdigit() and int(most) >= 1:
+        mine = f"task:{task}:"
+        caps = tuple((k, int(most) if k.startswith(mine) else n) for k, n in caps)
+    return Limits(bucket, interval, tolerance, caps)
+
+
+def stored_rate(value: str | None) -> Rate | None:
+    """A stored run-time rate as a ``Rate``, or None when there is none or it is bad."""
+    if value is None:
+        return None
+    try:
+        return parse_rate(value, "")
+    except ConfigError:
+        return None

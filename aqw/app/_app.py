@@ -24,6 +24,7 @@ from ..worker import Worker
 from ._arguments import check_app_options, check_task_name
 from ._dlq import DeadLetters
 from ._jobs import CancelOutcome, Jobs
+from ._limits import RunTimeLimits
 from ._producing import enqueue_jobs
 from ._queue_telemetry import QueueTelemetry
 from ._registration import TaskSettings, task_options
@@ -126,6 +127,7 @@ class App:
         self.max_deliveries = max_deliveries
         self.idempotency_ttl = idempotency_ttl
         self.tasks: dict[str, Task[Any]] = {}
+        self.limits = RunTimeLimits(self)  # limits changed at run time: set, show, reset
         self.cache = cache
         self.max_payload_bytes = max_payload_bytes
         self.redact_errors = redact_errors
@@ -248,11 +250,8 @@ class App:
                 On SQS it is the ``MessageGroupId``: order per group on FIFO queues,
                 fairness per group (fair queues) on standard ones. The Redis and in-process
                 brokers carry it but do not order or share by it.
-            fairness_key: a function of the validated payload (or a string): the key whose
-                fair share the job counts in; fetches pick across the keys with jobs
-                waiting by their weights (``docs/concepts/fairness.md``). None: no key.
-            fairness_weight: a number, or a function of the payload: the key's weight
-                (default 1; a key of weight 2 gets twice the starts of one of weight 1).
+            fairness_key, fairness_weight: a function of the payload or a constant each:
+                the job's fair-share key and its weight (``docs/concepts/fairness.md``).
         """
 
         def register(handler: Handler[R]) -> Task[R]:

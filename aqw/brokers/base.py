@@ -42,6 +42,7 @@ from .parts import (
     FairShares,
     FlowLimits,
     JobRecords,
+    RunLimits,
     ScheduleMarks,
     ServerInfo,
     WorkerStatus,
@@ -114,6 +115,9 @@ class Broker(abc.ABC):
     #: Fair shares between the keys of the queue (``fairness_key``); None: refused at
     #: enqueue. A class attribute, so a broker without them passes nothing.
     fair_shares: FairShares | None = None
+
+    #: Limits changed at run time (``aqw limits``); None: the tasks' own limits only.
+    run_limits: RunLimits | None = None
 
     def __init__(
         self,

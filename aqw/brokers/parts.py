@@ -14,6 +14,8 @@ attribute             part                            what needs it
 ``broker.server``     ``ServerInfo`` or None          the dashboard's health box, ``aqw bench``
 ``broker.fair_shares`` ``FairShares`` or None         ``fairness_key`` (a class attribute: None
                                                       unless the broker picks by fair shares)
+``broker.run_limits`` ``RunLimits`` or None           ``aqw limits``, ``app.limits`` (a class
+                                                      attribute: None unless stored with the queue)
 ====================  ==============================  =========================================
 
 Every part says whether it is ``shared``: True when every process that opens the queue sees
@@ -52,6 +54,7 @@ __all__ = [
     "FlowLimits",
     "JobRecords",
     "Part",
+    "RunLimits",
     "ScheduleMarks",
     "ServerInfo",
     "StartLimits",
@@ -68,6 +71,7 @@ PART_NAMES = {
     "flow_limits": "rate limits and per-key caps",
     "server": "server information",
     "fair_shares": "fair shares",
+    "run_limits": "run-time limits",
 }
 
 
@@ -210,6 +214,34 @@ class FairShares(Part, Protocol):
     async def publish(self, jobs: Sequence[Job]) -> None:
         """Enqueue ``jobs`` (each with ``fairness_key`` and ``fairness_weight``), due now,
         with their records, into their keys' turns."""
+        ...
+
+
+class RunLimits(Part, Protocol):
+    """Rate limits and per-key caps changed at run time, stored with the queue: a map of
+    ``rate:<task>`` (or ``rate:<task>:<key>``, one rate key's bucket) to a rate
+    (``"20/s"``) and ``cap:<task>`` to a most-per-key count (``"3"``), over the values the
+    tasks were registered with (``aqw.flow.with_overrides``)."""
+
+    async def read(self) -> dict[str, str]:
+        """The stored map."""
+        ...
+
+    async def write(self, name: str, value: str | None) -> None:
+        """Store ``value`` under ``name`` (None: remove it)."""
+        ...
+
+    async def refresh(self) -> None:
+        """Read the map into ``current`` now (a worker's start)."""
+        ...
+
+    def current(self) -> dict[str, str]:
+        """The map as this process last read it, read again in the background (at most
+        ``aqw.brokers.local.run_limits.REFRESH_EVERY`` seconds old)."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop the background reads."""
         ...
 
 

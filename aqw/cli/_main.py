@@ -31,6 +31,7 @@ from . import _dashboard as dashboard_cli
 from . import _dlq as dlq_cli
 from . import _enqueue as enqueue_cli
 from . import _job as job_cli
+from . import _limits as limits_cli
 from . import _monitor as monitor_cli
 from . import _status as status_cli
 from . import _worker as worker_cli
@@ -61,6 +62,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = 
     "monitor": monitor_cli.run,
     "dlq": dlq_cli.run,
     "cron": cron_cli.run,
+    "limits": limits_cli.run,
     "dashboard": dashboard_cli.run,
     "bench": bench_cli.run,
 }
@@ -87,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cli.add_parser(sub)
     dlq_cli.add_parser(sub)
     cron_cli.add_parser(sub)
+    limits_cli.add_parser(sub)
     dashboard_cli.add_parser(sub)
     return parser
 

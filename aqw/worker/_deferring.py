@@ -17,6 +17,7 @@ from typing import Any
 from ..brokers.base import Broker, Delivery
 from ..context import job_fields
 from ..errors import RateLimited
+from ..flow import with_overrides
 from ..job import Job
 from ..lease import Lease, LeaseBackend
 from ..task import Task
@@ -36,6 +37,10 @@ def start_backend(
     if broker.flow_limits is not None:
         limits = task.options.flow.limits(task.name, payload, job)
         if limits:
+            run = broker.run_limits  # limits changed at run time (``aqw limits set``)
+            changed = run.current() if run is not None else None
+            if changed:
+                limits = with_overrides(limits, task.name, changed)
             return broker.job_lease_backend(job, limits, delivery)
     return broker.job_lease_backend(job, None, delivery)
 

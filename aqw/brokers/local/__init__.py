@@ -13,6 +13,7 @@ from .limits import LocalLimiter
 from .marks import LocalScheduleMarks
 from .priorities import LevelFifos, ShareCredit, level_of
 from .records import LocalJobRecords
+from .run_limits import LocalRunLimits, OverrideCache
 from .start import LimitedStart, LocalStartGuard, still_ours
 from .status import LocalWorkerStatus
 
@@ -25,10 +26,12 @@ __all__ = [
     "LocalFairShares",
     "LocalJobRecords",
     "LocalLimiter",
+    "LocalRunLimits",
     "LocalScheduleMarks",
     "LocalStartGuard",
     "LocalWorkerStatus",
     "MemoryLeaseBackend",
+    "OverrideCache",
     "ShareCredit",
     "level_of",
     "still_ours",

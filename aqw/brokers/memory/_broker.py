@@ -45,6 +45,7 @@ class MemoryBroker(Broker):
         self._q = q
         self._share = ShareCredit()
         self.fair_shares = q.fair
+        self.run_limits = q.run_limits
 
     def describe(self) -> str:
         return f"memory://{self.queue} (in-process only)"

@@ -16,6 +16,7 @@ from ..local import (
     LocalFairShares,
     LocalJobRecords,
     LocalLimiter,
+    LocalRunLimits,
     LocalScheduleMarks,
     LocalWorkerStatus,
     MemoryLeaseBackend,
@@ -51,6 +52,7 @@ class MemoryQueue:
     ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     changed: asyncio.Event | None = None
     limiter: LocalLimiter = field(default_factory=LocalLimiter)
+    run_limits: LocalRunLimits = field(default_factory=LocalRunLimits)
     # -- the parts its brokers hand out (made in ``__post_init__``)
     records: LocalJobRecords = field(init=False)
     status: LocalWorkerStatus = field(default_factory=LocalWorkerStatus)

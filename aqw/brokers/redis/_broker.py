@@ -48,6 +48,7 @@ from ._jobs import RedisJobs
 from ._marks import RedisScheduleMarks
 from ._priorities import RedisLevels, locate
 from ._records import RedisJobRecords
+from ._run_limits import RedisRunLimits
 from ._server import RedisServer
 from ._settle import RedisSettle
 from ._status import RedisWorkerStatus, read_stats
@@ -114,6 +115,7 @@ class RedisBroker(Broker):
         self.steps = RedisSettle(self.client, batcher, keys, dlq_limit)
         self._share = ShareCredit()
         self.fair_shares = RedisFairShares(batcher, keys, self.levels)
+        self._run_limits = self.run_limits = RedisRunLimits(self.client, keys)
         #: The consumer names this broker has read as (``_holder``).
         self._read_as: set[str] = set()
         self._keep_alive = _scripts.load("keep_alive")
@@ -136,6 +138,7 @@ class RedisBroker(Broker):
         self._group_ready = True
 
     async def close(self) -> None:
+        await self._run_limits.stop()
         await self.waiters.close()
         if self._owns_client:
             await self.client.aclose()
@@ -166,6 +169,7 @@ class RedisBroker(Broker):
         """Also opens the connections its lease renewals go by (``open_spares``)."""
         await super().start_consuming(consumer)
         await open_spares(self.client)
+        await self._run_limits.refresh()  # the limits changed at run time, then every 0.5 s
 
     async def fetch(self, count: int, block: float, share: float = 0.0) -> list[Delivery]:
         """Highest priority level first (a share from the lowest waiting one), reading the
