@@ -33,7 +33,7 @@ from ._job_path import JobPath
 from ._locks import ResourceLock
 from ._log_lines import Hints, log_started, log_stopped
 from ._needs import check_shared_parts
-from ._options import check_options, consumed_broker, depth_readings, depths_of, route
+from ._options import check_options, consumed_broker, depth_readings, depths_of, desired_of, route
 from ._outage import Outage
 from ._running import RunningJobs, WorkerStats
 from ._scheduler import Scheduler
@@ -113,6 +113,7 @@ class Worker:
         self.tel = app.telemetry
         self._transient = self.broker.transient_errors
         self._depths: dict[str, QueueDepth] = {}
+        self._desired: dict[str, int] = {}  # the autoscaling signal per queue (gauge)
         self._background: set[asyncio.Task[Any]] = set()
         self._stop = asyncio.Event()
         self.stopping = Stopping(self._stop)  # a second signal: stop without waiting for jobs
@@ -334,6 +335,7 @@ class Worker:
                     await publish_beat(self.broker, self.name, self.summary(), self.heartbeat * 3)
                     if self.tel.metering:
                         self._depths = await depths_of(self.paths)
+                        self._desired = await desired_of(self.paths, self._depths)
                 except self._transient as exc:
                     self.outage.failed("publishing the worker heartbeat", exc)
                 else:
@@ -348,7 +350,7 @@ class Worker:
                 {**self.tel.metric_attributes(None), "aqw.worker": self.name},
             )
         ]
-        return readings + depth_readings(self.paths, self._depths)
+        return readings + depth_readings(self.paths, self._depths, self._desired)
 
     def summary(self) -> dict[str, Any]:
         """What this worker publishes in its heartbeat: state, counters, recent rates,
