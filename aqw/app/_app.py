@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
+from functools import partial
 from typing import Any, Literal, TypeVar, Unpack, overload
 
 from opentelemetry.metrics import MeterProvider
@@ -26,6 +27,7 @@ from ._dlq import DeadLetters
 from ._jobs import CancelOutcome, Jobs
 from ._limits import RunTimeLimits
 from ._producing import enqueue_jobs
+from ._progress import follow
 from ._queue_telemetry import QueueTelemetry
 from ._registration import TaskSettings, task_options
 
@@ -128,6 +130,7 @@ class App:
         self.idempotency_ttl = idempotency_ttl
         self.tasks: dict[str, Task[Any]] = {}
         self.limits = RunTimeLimits(self)  # limits changed at run time: set, show, reset
+        self.progress = partial(follow, self)  # ``async for p in app.progress(job_id)``
         self.cache = cache
         self.max_payload_bytes = max_payload_bytes
         self.redact_errors = redact_errors

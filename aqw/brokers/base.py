@@ -42,6 +42,7 @@ from .parts import (
     FairShares,
     FlowLimits,
     JobRecords,
+    ProgressStream,
     RunLimits,
     ScheduleMarks,
     ServerInfo,
@@ -115,6 +116,9 @@ class Broker(abc.ABC):
     #: Fair shares between the keys of the queue (``fairness_key``); None: refused at
     #: enqueue. A class attribute, so a broker without them passes nothing.
     fair_shares: FairShares | None = None
+
+    #: Progress updates as a stream per job (``app.progress``); None: not streamed.
+    progress: ProgressStream | None = None
 
     #: Limits changed at run time (``aqw limits``); None: the tasks' own limits only.
     run_limits: RunLimits | None = None

@@ -14,6 +14,7 @@ attribute             part                            what needs it
 ``broker.server``     ``ServerInfo`` or None          the dashboard's health box, ``aqw bench``
 ``broker.fair_shares`` ``FairShares`` or None         ``fairness_key`` (a class attribute: None
                                                       unless the broker picks by fair shares)
+``broker.progress``   ``ProgressStream`` or None      ``app.progress(job_id)`` (a class attribute)
 ``broker.run_limits`` ``RunLimits`` or None           ``aqw limits``, ``app.limits`` (a class
                                                       attribute: None unless stored with the queue)
 ====================  ==============================  =========================================
@@ -54,6 +55,7 @@ __all__ = [
     "FlowLimits",
     "JobRecords",
     "Part",
+    "ProgressStream",
     "RunLimits",
     "ScheduleMarks",
     "ServerInfo",
@@ -214,6 +216,24 @@ class FairShares(Part, Protocol):
     async def publish(self, jobs: Sequence[Job]) -> None:
         """Enqueue ``jobs`` (each with ``fairness_key`` and ``fairness_weight``), due now,
         with their records, into their keys' turns."""
+        ...
+
+
+class ProgressStream(Part, Protocol):
+    """A running job's progress updates (``ctx.progress``) as a bounded stream per job that
+    readers follow (``app.progress``), best effort: a reader that lags past the kept updates
+    loses the oldest."""
+
+    async def publish(self, job_id: str, update: dict[str, str]) -> None:
+        """Append ``update`` (``fraction``, ``message``, ``detail`` as JSON) to the job's
+        stream."""
+        ...
+
+    async def read(
+        self, job_id: str, after: str, block: float | None
+    ) -> list[tuple[str, dict[str, str]]]:
+        """The job's updates after the id ``after`` ("0": every one kept), oldest first,
+        each (its id, its fields with ``at``), waiting up to ``block`` seconds for one."""
         ...
 
 

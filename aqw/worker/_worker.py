@@ -377,9 +377,11 @@ class Worker:
 
     # -- what a handler's ctx asks of the worker --------------------------------------------
 
-    async def report_progress(self, ctx: Context, fraction: float, message: str) -> None:
-        """Record a running job's progress and publish its state at once."""
-        await self.running.report_progress(ctx.job.id, fraction, message)
+    async def report_progress(
+        self, ctx: Context, fraction: float, message: str, detail: str | None = None
+    ) -> None:
+        """Record a running job's progress and publish its state (and stream it) at once."""
+        await self.running.report_progress(ctx.job.id, fraction, message, detail)
 
     def resource_lock(self, name: str, *, ttl: float, wait: float | None) -> Lease:
         """A lease on a named resource of this queue, renewed by this worker's keeper;

@@ -12,6 +12,7 @@ from .leases import MemoryLeaseBackend
 from .limits import LocalLimiter
 from .marks import LocalScheduleMarks
 from .priorities import LevelFifos, ShareCredit, level_of
+from .progress import LocalProgress
 from .records import LocalJobRecords
 from .run_limits import LocalRunLimits, OverrideCache
 from .start import LimitedStart, LocalStartGuard, still_ours
@@ -26,6 +27,7 @@ __all__ = [
     "LocalFairShares",
     "LocalJobRecords",
     "LocalLimiter",
+    "LocalProgress",
     "LocalRunLimits",
     "LocalScheduleMarks",
     "LocalStartGuard",

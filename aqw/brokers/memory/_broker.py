@@ -46,6 +46,7 @@ class MemoryBroker(Broker):
         self._share = ShareCredit()
         self.fair_shares = q.fair
         self.run_limits = q.run_limits
+        self.progress = q.progress
 
     def describe(self) -> str:
         return f"memory://{self.queue} (in-process only)"

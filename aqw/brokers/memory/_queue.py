@@ -16,6 +16,7 @@ from ..local import (
     LocalFairShares,
     LocalJobRecords,
     LocalLimiter,
+    LocalProgress,
     LocalRunLimits,
     LocalScheduleMarks,
     LocalWorkerStatus,
@@ -53,6 +54,7 @@ class MemoryQueue:
     changed: asyncio.Event | None = None
     limiter: LocalLimiter = field(default_factory=LocalLimiter)
     run_limits: LocalRunLimits = field(default_factory=LocalRunLimits)
+    progress: LocalProgress = field(default_factory=LocalProgress)
     # -- the parts its brokers hand out (made in ``__post_init__``)
     records: LocalJobRecords = field(init=False)
     status: LocalWorkerStatus = field(default_factory=LocalWorkerStatus)

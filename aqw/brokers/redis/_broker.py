@@ -47,6 +47,7 @@ from ._job_start import RedisJobLease
 from ._jobs import RedisJobs
 from ._marks import RedisScheduleMarks
 from ._priorities import RedisLevels, locate
+from ._progress import RedisProgress
 from ._records import RedisJobRecords
 from ._run_limits import RedisRunLimits
 from ._server import RedisServer
@@ -116,6 +117,7 @@ class RedisBroker(Broker):
         self._share = ShareCredit()
         self.fair_shares = RedisFairShares(batcher, keys, self.levels)
         self._run_limits = self.run_limits = RedisRunLimits(self.client, keys)
+        self.progress = RedisProgress(self.client, batcher, keys)
         #: The consumer names this broker has read as (``_holder``).
         self._read_as: set[str] = set()
         self._keep_alive = _scripts.load("keep_alive")
