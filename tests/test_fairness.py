@@ -306,3 +306,24 @@ async def _at_least(client: Redis, key: str, n: int) -> bool:
 async def _has_b(client: Redis, key: str) -> bool:
     entries = await client.lrange(key, -50, -1)  # type: ignore[misc]
     return any(e.startswith(b"B ") for e in entries)
+
+
+async def test_a_worker_of_several_queues_takes_fair_jobs_in_turn(backend: Backend) -> None:
+    app = backend.app()
+    ran: list[str] = []
+    other = f"{app.queue}-b"
+
+    @app.task(name="tenant_job", fairness_key=lambda p: p["tenant"], queue=other)
+    async def tenant_job(p: dict[str, Any]) -> None:
+        ran.append(p["tenant"])
+
+    @app.task(name="plain")
+    async def plain(n: int) -> None:
+        ran.append("plain")
+
+    await flood(tenant_job, "A", 20)
+    await tenant_job.enqueue({"tenant": "B", "n": 0})
+    await plain.enqueue_many([1, 2])
+    await run_burst(app, concurrency=1, queues=[app.queue, other])
+    assert ran[:4] == ["plain", "plain", "A", "B"]  # the queues in order, then the turn
+    assert len(ran) == 23
