@@ -327,3 +327,27 @@ async def test_a_worker_of_several_queues_takes_fair_jobs_in_turn(backend: Backe
     await run_burst(app, concurrency=1, queues=[app.queue, other])
     assert ran[:4] == ["plain", "plain", "A", "B"]  # the queues in order, then the turn
     assert len(ran) == 23
+
+
+async def test_depth_and_its_history_count_the_jobs_waiting_in_turns(backend: Backend) -> None:
+    import time
+
+    app = backend.app()
+    task = tenant_task(app)
+
+    @app.task(name="plain")
+    async def plain(n: int) -> None: ...
+
+    await flood(task, "A", 7)
+    await flood(task, "B", 3)
+    await plain.enqueue(1)
+    await app.broker.connect()
+    await app.broker.start_consuming("c1")
+    assert len(await picks(app.broker, 2, count=2)) == 2  # one plain job, one of the turns
+    depth = await app.broker.depth()
+    assert (depth.waiting, depth.in_flight) == (9, 2)
+    assert app.broker.history is not None
+    now = time.time()
+    await app.broker.history.sample(now)
+    samples = await app.broker.history.since(now - 60)
+    assert [(s.waiting, s.in_flight) for s in samples] == [(9, 2)]
