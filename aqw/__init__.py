@@ -32,6 +32,7 @@ from .errors import (
     UnknownJob,
     UnknownTask,
 )
+from .flow import Adaptive
 from .idempotency import SqlCompletionStore
 from .job import Job
 from .lease import Lease, LeaseBackend, LeaseKeeper
@@ -45,6 +46,7 @@ from .telemetry import Telemetry
 from .worker import Worker, WorkerStats
 
 __all__ = [
+    "Adaptive",
     "Alert",
     "App",
     "AqwError",

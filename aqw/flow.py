@@ -156,6 +156,17 @@ def debounce_cap(job: Job) -> tuple[str, int] | None:
 
 
 @dataclass(frozen=True, slots=True)
+class Adaptive:
+    """``rate_limit=aqw.Adaptive("100/s", min="5/s")``: a task-wide rate limit that a
+    handler's ``aqw.RateLimited`` (an upstream's 429) halves, down to ``min``, and that grows
+    back by 5% of ``rate`` per second of successes, up to ``rate``: shared by every worker
+    (stored with the queue as a limit changed at run time)."""
+
+    rate: str
+    min: str
+
+
+@dataclass(frozen=True, slots=True)
 class FlowControl:
     """A task's flow-control options, checked (``flow_control``)."""
 
@@ -163,6 +174,8 @@ class FlowControl:
     rate_key: Callable[[Any], object] | None = None
     concurrency_key: Callable[[Any], object] | None = None
     max_per_key: int | None = None
+    #: The least an adaptive rate limit goes down to (``Adaptive.min``); None: not adaptive.
+    floor: Rate | None = None
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -193,14 +206,22 @@ NO_FLOW = FlowControl()
 
 def flow_control(
     task: str,
-    rate_limit: str | None = None,
+    rate_limit: str | Adaptive | None = None,
     rate_key: Callable[[Any], object] | None = None,
     concurrency_key: Callable[[Any], object] | None = None,
     max_per_key: int | None = None,
 ) -> FlowControl:
     """Check ``@app.task``'s flow-control options; a bad one raises a ``ConfigError``
     naming the task and the option."""
+    floor = None
+    if isinstance(rate_limit, Adaptive):
+        floor = parse_rate(rate_limit.min, task)
+        rate_limit = rate_limit.rate
+        if per_second(floor) > per_second(parse_rate(rate_limit, task)):
+            raise ConfigError(f"task {task!r}: rate_limit: Adaptive's min is above its rate")
     rate = parse_rate(rate_limit, task) if rate_limit is not None else None
+    if floor is not None and rate_key is not None:
+        raise ConfigError(f"task {task!r}: an Adaptive rate_limit is task-wide: no rate_key")
     if rate_key is not None and not callable(rate_key):
         raise ConfigError(f"task {task!r}: rate_key must be a function of the payload")
     if rate_key is not None and rate is None:
@@ -217,7 +238,7 @@ def flow_control(
         raise ConfigError(f"task {task!r}: concurrency_key and max_per_key go together")
     if rate is None and max_per_key is None:
         return NO_FLOW
-    return FlowControl(rate, rate_key, concurrency_key, max_per_key)
+    return FlowControl(rate, rate_key, concurrency_key, max_per_key, floor)
 
 
 def cap_wait(holder_ms: int, draw: float) -> float:
@@ -336,3 +357,18 @@ def stored_rate(value: str | None) -> Rate | None:
         return parse_rate(value, "")
     except ConfigError:
         return None
+
+
+def per_second(rate: Rate) -> float:
+    """Starts per second of ``rate``."""
+    return rate.count / rate.period
+
+
+def rate_text(starts_per_second: float) -> str:
+    """A rate of ``starts_per_second`` as ``parse_rate`` reads it: per second, or per
+    minute or hour below one a second (at least ``1/h``)."""
+    if starts_per_second >= 1:
+        return f"{round(starts_per_second)}/s"
+    if starts_per_second * 60 >= 1:
+        return f"{round(starts_per_second * 60)}/min"
+    return f"{max(1, round(starts_per_second * 3600))}/h"

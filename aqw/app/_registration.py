@@ -9,7 +9,7 @@ from typing import Any, Protocol, TypedDict
 from ..brokers.multi import check_queue
 from ..cache import Cache
 from ..errors import ConfigError
-from ..flow import fairness, flow_control
+from ..flow import Adaptive, fairness, flow_control
 from ..retry import RetryPolicy, error_classes
 from ..schedule import Schedule
 from ..task import Invalidates, TaskOptions
@@ -34,7 +34,7 @@ class TaskSettings(TypedDict, total=False):
     schedule: Schedule | None
     queue: str | None
     priority: int | None
-    rate_limit: str | None
+    rate_limit: str | Adaptive | None
     rate_key: Callable[[Any], object] | None
     concurrency_key: Callable[[Any], object] | None
     max_per_key: int | None
