@@ -299,6 +299,42 @@ async def test_three_processes_start_a_new_tenant_within_the_bound(
     assert len({e.split()[2] for e in entries}) == 3  # the processes shared the work
 
 
+@pytest.mark.slow
+async def test_three_processes_hold_the_weights_within_5_percent(
+    queue_name: str, tmp_path: Path
+) -> None:
+    """3 worker processes drain x (weight 1) and y (weight 3), 4,000 jobs each: of the first
+    4,000 starts (both keys waiting all along) y has 3/4, within 5%."""
+    from tests.test_rate_limits import env_for_workers, stop_workers
+
+    require_real_redis()
+    client = Redis.from_url(REDIS_URL)
+    app = aqw.App(REDIS_URL, queue=queue_name)
+    task = tenant_task(app, fairness_weight=lambda p: p["w"])
+    ledger = f"aqw:{{{queue_name}}}:ledger"
+    await flood(task, "x", 4_000, w=1)
+    await flood(task, "y", 4_000, w=3)
+    env = env_for_workers(SCRIPT.parent.parent)
+    procs = []
+    for i in range(3):
+        with (tmp_path / f"worker-{i}.log").open("wb") as log:
+            procs.append(
+                await asyncio.create_subprocess_exec(
+                    sys.executable, str(SCRIPT), queue_name, env=env, stdout=log, stderr=log
+                )
+            )
+    try:
+        await eventually(lambda: _at_least(client, ledger, 4_000), 120, "4,000 starts", procs=procs)
+        entries = [e.decode() for e in await client.lrange(ledger, 0, 3_999)]  # type: ignore[misc]
+    finally:
+        await stop_workers(procs)
+        await app.close()
+        await client.aclose()
+    counts = collections.Counter(e.split()[0] for e in entries)
+    assert abs(counts["y"] - 3_000) <= 150 and abs(counts["x"] - 1_000) <= 50, counts
+    assert len({e.split()[2] for e in entries}) == 3
+
+
 async def _at_least(client: Redis, key: str, n: int) -> bool:
     return bool(await client.llen(key) >= n)  # type: ignore[misc]
 
