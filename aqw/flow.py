@@ -12,6 +12,11 @@ Rate limits are GCRA: starts are spaced ``period / count`` apart, with a burst o
 ``burst`` starts (1% of the count, at least 1) at once, so no window of one period holds
 more than ``count + burst`` starts (``count + 1`` up to 199 per period). Per-key caps count the live
 leases of the key's holders, so a crashed holder's slot ages out with its lease.
+
+Limits changed at run time (``aqw limits``, ``app.limits``, an ``Adaptive`` limit) are a map
+stored with the queue that ``with_overrides`` applies over a job's ``Limits``. Fair shares
+(``Fairness``: ``fairness_key``, ``fairness_weight``) are picked in the broker's fetch step
+(``aqw.brokers.parts.FairShares``).
 """
 
 from __future__ import annotations
