@@ -33,6 +33,7 @@ from .errors import (
     UnknownJob,
     UnknownTask,
 )
+from .flow import Adaptive
 from .idempotency import SqlCompletionStore
 from .job import Job
 from .lease import Lease, LeaseBackend, LeaseKeeper
@@ -47,6 +48,7 @@ from .worker import Worker, WorkerStats
 from .workflows import Batch, Flow
 
 __all__ = [
+    "Adaptive",
     "Alert",
     "App",
     "AqwError",

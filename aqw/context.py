@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, MutableMapping
 from contextlib import AbstractAsyncContextManager
@@ -15,6 +16,9 @@ from .job import Job
 from .lease import Lease
 
 _log = logging.getLogger("aqw.job")
+
+#: The most bytes of a progress update's ``detail`` as JSON (``ctx.progress``).
+MAX_DETAIL = 4096
 
 
 def job_fields(job: Job) -> dict[str, Any]:
@@ -50,7 +54,9 @@ class ContextHost(Protocol):
     def app(self) -> HostApp: ...
     @property
     def name(self) -> str: ...
-    async def report_progress(self, ctx: Context, fraction: float, message: str) -> None: ...
+    async def report_progress(
+        self, ctx: Context, fraction: float, message: str, detail: str | None = None
+    ) -> None: ...
     def resource_lock(self, name: str, *, ttl: float, wait: float | None) -> Lease: ...
 
 
@@ -149,11 +155,22 @@ class Context:
             self._log = JobLog(_log, job_fields(self.job))
         return self._log
 
-    async def progress(self, fraction: float, message: str = "") -> None:
-        """Report progress (0.0-1.0) of this job, readable by ``app.job_status(job_id)``."""
+    async def progress(self, fraction: float, message: str = "", detail: Any = None) -> None:
+        """Report progress (0.0-1.0) of this job, with a message and an optional small JSON
+        ``detail`` (at most ``MAX_DETAIL`` bytes): in its record (``app.job(job_id)``) and,
+        on a broker that streams it, to the readers of ``app.progress(job_id)``."""
         if not 0.0 <= fraction <= 1.0:
             raise ConfigError(f"ctx.progress(fraction): must be within 0..1, got {fraction!r}")
-        await self.worker.report_progress(self, fraction, message)
+        if detail is None:
+            await self.worker.report_progress(self, fraction, message)
+            return
+        try:
+            wire = json.dumps(detail, allow_nan=False, separators=(",", ":"))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"ctx.progress(detail): must be JSON: {exc}") from None
+        if len(wire) > MAX_DETAIL:
+            raise ConfigError(f"ctx.progress(detail): at most {MAX_DETAIL} bytes as JSON")
+        await self.worker.report_progress(self, fraction, message, wire)
 
     def lock(self, name: str, *, ttl: float = 30.0, wait: float | None = 10.0) -> Lease:
         """A resource lease for use in the handler: ``async with ctx.lock("customer:7"):``.

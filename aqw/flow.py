@@ -12,6 +12,11 @@ Rate limits are GCRA: starts are spaced ``period / count`` apart, with a burst o
 ``burst`` starts (1% of the count, at least 1) at once, so no window of one period holds
 more than ``count + burst`` starts (``count + 1`` up to 199 per period). Per-key caps count the live
 leases of the key's holders, so a crashed holder's slot ages out with its lease.
+
+Limits changed at run time (``aqw limits``, ``app.limits``, an ``Adaptive`` limit) are a map
+stored with the queue that ``with_overrides`` applies over a job's ``Limits``. Fair shares
+(``Fairness``: ``fairness_key``, ``fairness_weight``) are picked in the broker's fetch step
+(``aqw.brokers.parts.FairShares``).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError
-from .job import Job
+from .job import MAX_WEIGHT, Job
 
 #: The header that marks a debounced job (value ``"1"``). Its key is a debounce key, not an
 #: idempotency key: it has no completion record, and at start a debounced job waits while
@@ -156,6 +161,17 @@ def debounce_cap(job: Job) -> tuple[str, int] | None:
 
 
 @dataclass(frozen=True, slots=True)
+class Adaptive:
+    """``rate_limit=aqw.Adaptive("100/s", min="5/s")``: a task-wide rate limit that a
+    handler's ``aqw.RateLimited`` (an upstream's 429) halves, down to ``min``, and that grows
+    back by 5% of ``rate`` per second of successes, up to ``rate``: shared by every worker
+    (stored with the queue as a limit changed at run time)."""
+
+    rate: str
+    min: str
+
+
+@dataclass(frozen=True, slots=True)
 class FlowControl:
     """A task's flow-control options, checked (``flow_control``)."""
 
@@ -163,6 +179,8 @@ class FlowControl:
     rate_key: Callable[[Any], object] | None = None
     concurrency_key: Callable[[Any], object] | None = None
     max_per_key: int | None = None
+    #: The least an adaptive rate limit goes down to (``Adaptive.min``); None: not adaptive.
+    floor: Rate | None = None
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -193,14 +211,22 @@ NO_FLOW = FlowControl()
 
 def flow_control(
     task: str,
-    rate_limit: str | None = None,
+    rate_limit: str | Adaptive | None = None,
     rate_key: Callable[[Any], object] | None = None,
     concurrency_key: Callable[[Any], object] | None = None,
     max_per_key: int | None = None,
 ) -> FlowControl:
     """Check ``@app.task``'s flow-control options; a bad one raises a ``ConfigError``
     naming the task and the option."""
+    floor = None
+    if isinstance(rate_limit, Adaptive):
+        floor = parse_rate(rate_limit.min, task)
+        rate_limit = rate_limit.rate
+        if per_second(floor) > per_second(parse_rate(rate_limit, task)):
+            raise ConfigError(f"task {task!r}: rate_limit: Adaptive's min is above its rate")
     rate = parse_rate(rate_limit, task) if rate_limit is not None else None
+    if floor is not None and rate_key is not None:
+        raise ConfigError(f"task {task!r}: an Adaptive rate_limit is task-wide: no rate_key")
     if rate_key is not None and not callable(rate_key):
         raise ConfigError(f"task {task!r}: rate_key must be a function of the payload")
     if rate_key is not None and rate is None:
@@ -217,7 +243,7 @@ def flow_control(
         raise ConfigError(f"task {task!r}: concurrency_key and max_per_key go together")
     if rate is None and max_per_key is None:
         return NO_FLOW
-    return FlowControl(rate, rate_key, concurrency_key, max_per_key)
+    return FlowControl(rate, rate_key, concurrency_key, max_per_key, floor)
 
 
 def cap_wait(holder_ms: int, draw: float) -> float:
@@ -257,3 +283,97 @@ def route_key(
     if group is not None:
         return f"group:{group}"
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class Fairness:
+    """A task's fair-share options (``@app.task(fairness_key=..., fairness_weight=...)``):
+    each a function of the validated payload or a constant."""
+
+    key: Callable[[Any], object] | str
+    weight: Callable[[Any], object] | float = 1.0
+
+    def of(self, task: str, payload: Any) -> tuple[str | None, float]:
+        """(the fairness key, its weight) of a job of ``task`` with ``payload``; a key
+        function's None: the job has no key. A bad weight raises a ``ConfigError``."""
+        key = self.key(payload) if callable(self.key) else self.key
+        weight = self.weight(payload) if callable(self.weight) else self.weight
+        return (None if key is None else key_text(key)), check_weight(weight, task)
+
+
+def check_weight(value: object, task: str) -> float:
+    """``value`` as a fairness weight (a number > 0, at most ``MAX_WEIGHT``), else a
+    ``ConfigError`` naming the task and ``fairness_weight``."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 1 / MAX_WEIGHT <= value <= MAX_WEIGHT
+    ):
+        raise ConfigError(
+            f"task {task!r}: fairness_weight must be a number from {1 / MAX_WEIGHT:g} to "
+            f"{MAX_WEIGHT:g}, got {value!r}"
+        )
+    return float(value)
+
+
+def fairness(task: str, key: object, weight: object) -> Fairness | None:
+    """Check ``@app.task``'s fairness options; a bad one raises a ``ConfigError`` naming the
+    task and the option."""
+    if key is None:
+        if weight is not None:
+            raise ConfigError(f"task {task!r}: fairness_weight needs a fairness_key")
+        return None
+    if not callable(key) and not (isinstance(key, str) and key):
+        raise ConfigError(
+            f"task {task!r}: fairness_key must be a function of the payload or a non-empty "
+            f"string, got {key!r}"
+        )
+    if weight is None:
+        weight = 1.0
+    if not callable(weight):
+        weight = check_weight(weight, task)
+    return Fairness(key, weight)
+
+
+def with_overrides(limits: Limits, task: str, changed: dict[str, str]) -> Limits:
+    """``limits`` (of a job of ``task``) under the limits changed at run time (``changed``,
+    ``aqw.brokers.parts.RunLimits``'s map): ``rate:<task>:<key>`` for the job's rate
+    bucket, else ``rate:<task>``; ``cap:<task>`` for its per-key caps. A stored value that
+    does not parse is ignored (the registered limit holds)."""
+    bucket, interval, tolerance = limits.bucket, limits.interval_us, limits.tolerance_us
+    caps = limits.caps
+    if bucket is not None:
+        value = changed.get(f"rate:{bucket}") or changed.get(f"rate:{task}")
+        rate = stored_rate(value)
+        if rate is not None:
+            interval, tolerance = rate.interval_us, rate.tolerance_us
+    most = changed.get(f"cap:{task}")
+    if most is not None and most.isdigit() and int(most) >= 1:
+        mine = f"task:{task}:"
+        caps = tuple((k, int(most) if k.startswith(mine) else n) for k, n in caps)
+    return Limits(bucket, interval, tolerance, caps)
+
+
+def stored_rate(value: str | None) -> Rate | None:
+    """A stored run-time rate as a ``Rate``, or None when there is none or it is bad."""
+    if value is None:
+        return None
+    try:
+        return parse_rate(value, "")
+    except ConfigError:
+        return None
+
+
+def per_second(rate: Rate) -> float:
+    """Starts per second of ``rate``."""
+    return rate.count / rate.period
+
+
+def rate_text(starts_per_second: float) -> str:
+    """A rate of ``starts_per_second`` as ``parse_rate`` reads it: per second, or per
+    minute or hour below one a second (at least ``1/h``)."""
+    if starts_per_second >= 1:
+        return f"{round(starts_per_second)}/s"
+    if starts_per_second * 60 >= 1:
+        return f"{round(starts_per_second * 60)}/min"
+    return f"{max(1, round(starts_per_second * 3600))}/h"

@@ -16,6 +16,11 @@ ENVELOPE_VERSION = 1
 MIN_PRIORITY = 0
 MAX_PRIORITY = 9
 _DEFAULT_PRIORITY = {"priority"}
+#: Left out of the wire form of a job without a fairness key (and with priority 0).
+_NOT_FAIR = {"fairness_key", "fairness_weight"}
+_PLAIN_JOB = {"priority", "fairness_key", "fairness_weight"}
+#: The most a fairness weight may be (``aqw.flow.MAX_WEIGHT``; the least is its inverse).
+MAX_WEIGHT = 1_000_000.0
 
 
 class Job(BaseModel):
@@ -49,6 +54,12 @@ class Job(BaseModel):
     #: Priority level, ``MIN_PRIORITY`` to ``MAX_PRIORITY``: higher runs first. Left out of
     #: the wire form at the default, so a job without one reads as it always did.
     priority: int = Field(default=0, ge=MIN_PRIORITY, le=MAX_PRIORITY, strict=True)
+    #: The key whose fair share the job is counted in (``fairness_key=``), and its weight;
+    #: both left out of the wire form without a key.
+    fairness_key: str | None = Field(default=None, min_length=1, max_length=200)
+    fairness_weight: float = Field(
+        default=1.0, ge=1 / MAX_WEIGHT, le=MAX_WEIGHT, allow_inf_nan=False
+    )
 
     def encode(self) -> bytes:
         """The wire form: compact UTF-8 JSON, made once per job (the size check and the
@@ -59,7 +70,9 @@ class Job(BaseModel):
             pass
         # The serializer itself: bytes at once, without ``model_dump_json``'s str round trip.
         wire: bytes
-        if self.priority:
+        if self.fairness_key is None:
+            wire = _SERIALIZER.to_json(self, exclude=_NOT_FAIR if self.priority else _PLAIN_JOB)
+        elif self.priority:
             wire = _SERIALIZER.to_json(self)
         else:
             wire = _SERIALIZER.to_json(self, exclude=_DEFAULT_PRIORITY)

@@ -12,6 +12,8 @@ Where each number comes from:
 - in flight (per worker) and active leases: sums over the workers;
 - stuck jobs: the workers' ``stuck`` lists;
 - top errors: the workers' error fingerprints, merged by fingerprint (counts summed);
+- desired workers (``aqw.scaling``): from the depth, the delayed jobs due within a minute,
+  the arrival and service rates (the heartbeats and the depth history) and the rate limits;
 - alerts: the active monitor's heartbeat (``"kind": "monitor"``), which is not a worker
   and is left out of every sum;
 - counters: the broker's lifetime ``stats()``;
@@ -38,6 +40,7 @@ from .job import Job
 from .monitor import format_age as _age
 from .monitor import is_monitor_heartbeat
 from .record import JobInfo
+from .scaling import desired_workers, scaling_inputs
 
 if TYPE_CHECKING:
     from .app import App
@@ -78,6 +81,8 @@ async def gather_status(
     now = time.time()
     windows = {w: _sum_window(workers, w) for w in ("last_1m", "last_5m")}
     monitor = monitors[-1] if monitors else None
+    flows = {n: t.options.flow for n, t in app.tasks.items()} if app is not None else None
+    scaling = await scaling_inputs(broker, depth, workers, flows, now)
     return {
         "queue": broker.queue,
         "at": now,
@@ -107,6 +112,8 @@ async def gather_status(
         "blocked": [b.as_dict() for b in blocked],
         "heartbeats_local": _local_heartbeats(broker, bool(workers)),
         "in_process": broker.in_process,
+        "desired_workers": desired_workers(scaling),  # the autoscaling signal (scaling.py)
+        "scaling": scaling.as_dict(),
     }
 
 
@@ -223,7 +230,8 @@ def render(status: dict[str, Any]) -> str:
         f"workers: {_p(local)}"
         if local
         else f"workers {len(workers)}   concurrency {status['concurrency']}   "
-        f"running {status['in_flight']}   leases {status['leases']}"
+        f"running {status['in_flight']}   leases {status['leases']}   "
+        f"desired {status.get('desired_workers', '-')}"
         + ("   (in-process only)" if status.get("in_process") else ""),
     ]
     if workers:

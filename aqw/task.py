@@ -15,7 +15,7 @@ from ._codecs import PayloadCodec, ResultCodec
 from ._text import error_line
 from .context import Context
 from .errors import ConfigError
-from .flow import NO_FLOW, FlowControl
+from .flow import NO_FLOW, Fairness, FlowControl
 from .record import DEFAULT_KEEP_FOR
 from .retry import RetryPolicy
 from .schedule import Schedule
@@ -41,6 +41,8 @@ class TaskApp(Protocol):
         queue: str | None = None,
         debounce: float | None = None,
         debounce_max: float | None = None,
+        fairness_key: str | None = None,
+        fairness_weight: float | None = None,
     ) -> list[Enqueued]: ...
 
 
@@ -95,6 +97,8 @@ class TaskOptions:
     queue: str | None = None
     #: A function of the validated payload: the job's message group (``GROUP_HEADER``).
     group_key: Callable[[Any], object] | None = None
+    #: Fair shares between keys (``@app.task(fairness_key=..., fairness_weight=...)``).
+    fairness: Fairness | None = None
 
     def keys_to_invalidate(self, payload: Any) -> list[str]:
         """The cache keys a completed job with ``payload`` invalidates."""
@@ -190,6 +194,8 @@ class Task(Generic[R]):
         queue: str | None = None,
         debounce: float | None = None,
         debounce_max: float | None = None,
+        fairness_key: str | None = None,
+        fairness_weight: float | None = None,
     ) -> Enqueued:
         """Enqueue one job and return its id.
 
@@ -214,6 +220,8 @@ class Task(Generic[R]):
                 key: a finished job does not block the next burst.
             debounce_max: seconds: a burst's job starts no later than this long after its
                 first enqueue, however long the burst goes on (>= ``debounce``).
+            fairness_key: the key whose fair share the job counts in (over the task's
+                ``fairness_key``); ``fairness_weight``: its weight (default: the task's, 1).
         """
         return (
             await self.app.enqueue(
@@ -228,6 +236,8 @@ class Task(Generic[R]):
                 queue=queue,
                 debounce=debounce,
                 debounce_max=debounce_max,
+                fairness_key=fairness_key,
+                fairness_weight=fairness_weight,
             )
         )[0]
 
@@ -240,10 +250,12 @@ class Task(Generic[R]):
         expires: float | datetime | None = None,
         priority: int | None = None,
         queue: str | None = None,
+        fairness_key: str | None = None,
+        fairness_weight: float | None = None,
     ) -> list[Enqueued]:
         """Enqueue many jobs in one round trip; every payload is validated first. All of
         them take ``priority`` (default: the task's) and go to ``queue`` (default: the
-        task's, else the app's)."""
+        task's, else the app's), and ``fairness_key``/``fairness_weight`` when given."""
         return await self.app.enqueue(
             self,
             list(payloads),
@@ -252,6 +264,8 @@ class Task(Generic[R]):
             expires=expires,
             priority=priority,
             queue=queue,
+            fairness_key=fairness_key,
+            fairness_weight=fairness_weight,
         )
 
 

@@ -10,6 +10,9 @@ Endpoints:
 - ``GET /jobs/{job_id}/result?wait=SECONDS`` waits (without polling) for the job to end and
   returns its result: 200, 409 when it failed, was cancelled or expired, 504 when it has not
   ended in time.
+- ``GET /jobs/{job_id}/progress`` streams the job's progress as server-sent events
+  (``app.progress``): one ``progress`` event per ``ctx.progress`` update, then one ``end``
+  event with its final state, without polling; 404 for an unknown id.
 - ``DELETE /jobs/{job_id}`` cancels the job (``app.cancel``): a waiting job never runs, a
   running one is stopped at its next lease renewal.
 - ``GET /health`` reports the embedded worker (503 unless it is running).
@@ -36,10 +39,13 @@ to keep them across restarts and share them between processes.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Header, HTTPException, Query, Request, Response
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
 import aqw
@@ -115,6 +121,26 @@ def create_app(broker: str | None = None, queue: str | None = None) -> FastAPI:
             raise HTTPException(409, str(exc)) from None
         except TimeoutError:
             raise HTTPException(504, f"job {job_id} has not ended within {wait}s") from None
+
+    @api.get("/jobs/{job_id}/progress")
+    async def progress(job_id: str) -> StreamingResponse:
+        updates = jobs.progress(job_id)
+        try:
+            first = await anext(updates)  # an unknown job: 404 before the stream starts
+        except aqw.UnknownJob as exc:
+            raise HTTPException(404, str(exc)) from None
+
+        async def events() -> AsyncIterator[str]:
+            p = first
+            while True:
+                if p.final:
+                    yield f"event: end\ndata: {json.dumps({'state': p.state})}\n\n"
+                    return
+                data = {"fraction": p.fraction, "message": p.message, "detail": p.detail}
+                yield f"event: progress\ndata: {json.dumps(data)}\n\n"
+                p = await anext(updates)
+
+        return StreamingResponse(events(), media_type="text/event-stream")
 
     @api.delete("/jobs/{job_id}", status_code=202)
     async def cancel(job_id: str) -> dict[str, Any]:

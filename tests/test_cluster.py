@@ -861,3 +861,35 @@ async def _ran_all(rc: RedisCluster, ledger: str) -> bool:
     except (redis.RedisError, OSError):
         return False  # the failover is still under way for this client
     return len({e.split()[0] for e in entries}) == JOBS
+
+
+async def test_fair_shares_limits_and_progress_on_a_cluster(
+    cluster: Cluster, slot_watch: SlotWatch
+) -> None:
+    """Fair turns, limits changed at run time and streamed progress: every script keeps to
+    the queue's slot (the slot watch checks each command inside each script)."""
+    queue = cluster.queue_on(sorted(cluster.masters())[1])
+    ran: list[str] = []
+    async with cluster_app(cluster, queue) as app:
+
+        @app.task(name="work", fairness_key=lambda p: p["t"], rate_limit="1000/s")
+        async def work(p: dict[str, Any], ctx: aqw.Context) -> None:
+            await ctx.progress(1.0, p["t"], {"n": p["n"]})
+            ran.append(p["t"])
+
+        await work.enqueue_many([{"t": "A", "n": n} for n in range(20)])
+        await work.enqueue({"t": "B", "n": 0}, priority=3)
+        last = await work.enqueue({"t": "C", "n": 0})
+        await app.limits.set("work", "500/s")
+        reader = asyncio.create_task(_progress_of(app, last))
+        worker = app.worker(concurrency=1, burst=True)
+        await asyncio.wait_for(worker.run(), 60)
+        assert ran[0] == "B" and ran.index("C") <= 2 and len(ran) == 22
+        updates = await asyncio.wait_for(reader, 20)
+        assert [u.detail for u in updates[:-1]] == [{"n": 0}] and updates[-1].state == "succeeded"
+        assert (await app.broker.depth()).waiting == 0
+        assert [r["now"] for r in await app.limits.show()] == ["500/s"]
+
+
+async def _progress_of(app: aqw.App, job_id: str) -> list[Any]:
+    return [p async for p in app.progress(job_id)]

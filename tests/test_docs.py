@@ -314,6 +314,8 @@ def _subcommand(words: list[str]) -> str:
         return f"queue {words[1]}"
     if words[0] == "cron" and len(words) > 1 and words[1] == "list":
         return "cron list"
+    if words[0] == "limits" and len(words) > 1 and words[1] in ("show", "set", "reset"):
+        return f"limits {words[1]}"
     return words[0]
 
 

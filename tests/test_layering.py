@@ -8,7 +8,8 @@ L1    ``aqw.fastapi``, ``aqw.monitor``, ``aqw.status``, ``aqw.dashboard``, ``aqw
 L2    ``aqw.app`` (the App and its helpers)
 L3    ``aqw.worker``
 L4    ``aqw.task``, ``aqw.schedule``, ``aqw.context``, ``aqw.telemetry``, ``aqw.cache``,
-      ``aqw.idempotency``, ``aqw.workflows`` (batches: the tasks' jobs on the broker's part)
+      ``aqw.idempotency``, ``aqw.workflows`` (batches: the tasks' jobs on the broker's part),
+      ``aqw.scaling``
 L5    ``aqw.brokers``
 L6    ``aqw.lease`` (with Redlock), ``aqw.retry``, ``aqw.flow``
 L7    ``aqw._redis``, ``aqw.job``, ``aqw.errors``, ``aqw._ids``, ``aqw._cancel``,
@@ -54,7 +55,19 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("fastapi", "monitor", "status", "dashboard", "timetable"),
     ("app",),
     ("worker",),
-    ("task", "_codecs", "schedule", "context", "telemetry", "cache", "idempotency", "workflows"),
+    # scaling: the autoscaling signal, read from a broker by the worker (its gauge) and by
+    # aqw status: below the worker, above the brokers.
+    (
+        "task",
+        "_codecs",
+        "schedule",
+        "context",
+        "telemetry",
+        "cache",
+        "idempotency",
+        "workflows",
+        "scaling",
+    ),
     ("brokers",),
     ("lease", "retry", "flow"),
     (

@@ -3,6 +3,7 @@
 import aqw
 
 EXPECTED = [
+    "Adaptive",
     "Alert",
     "App",
     "AqwError",

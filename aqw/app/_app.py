@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
+from functools import partial
 from typing import Any, Literal, TypeVar, Unpack, overload
 
 from opentelemetry.metrics import MeterProvider
@@ -26,7 +27,9 @@ from ._batches import batch_info, batch_results, flow_info_of, open_batch, start
 from ._batches import cancel_batch as batch_cancel
 from ._dlq import DeadLetters
 from ._jobs import CancelOutcome, Jobs
+from ._limits import RunTimeLimits
 from ._producing import enqueue_jobs
+from ._progress import follow
 from ._queue_telemetry import QueueTelemetry
 from ._registration import TaskSettings, task_options
 
@@ -128,6 +131,8 @@ class App:
         self.max_deliveries = max_deliveries
         self.idempotency_ttl = idempotency_ttl
         self.tasks: dict[str, Task[Any]] = {}
+        self.limits = RunTimeLimits(self)  # limits changed at run time: set, show, reset
+        self.progress = partial(follow, self)  # ``async for p in app.progress(job_id)``
         self.cache = cache
         self.max_payload_bytes = max_payload_bytes
         self.redact_errors = redact_errors
@@ -250,6 +255,8 @@ class App:
                 On SQS it is the ``MessageGroupId``: order per group on FIFO queues,
                 fairness per group (fair queues) on standard ones. The Redis and in-process
                 brokers carry it but do not order or share by it.
+            fairness_key, fairness_weight: a function of the payload or a constant each:
+                the job's fair-share key and its weight (``docs/concepts/fairness.md``).
         """
 
         def register(handler: Handler[R]) -> Task[R]:
@@ -294,6 +301,8 @@ class App:
         debounce_max: float | None = None,
         queue: str | None = None,
         priority: int | None = None,
+        fairness_key: str | None = None,
+        fairness_weight: float | None = None,
     ) -> list[Enqueued]:
         """Validate and enqueue jobs of ``task`` (a Task or a task name), one per payload;
         the options are ``Task.enqueue``'s."""
@@ -311,6 +320,8 @@ class App:
             debounce_max=debounce_max,
             queue=queue,
             priority=priority,
+            fairness_key=fairness_key,
+            fairness_weight=fairness_weight,
         )
 
     # -- running ---------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from .._text import error_line, quoted
 from ..brokers import Broker
 from ..brokers.parts import Debounce
 from ..errors import ConfigError, PayloadTooLarge
-from ..flow import route_key
+from ..flow import MAX_KEY, Fairness, check_weight, route_key
 from ..job import Job, non_finite_in
 from ..task import GROUP_HEADER, Enqueued, Task
 from ..telemetry import Telemetry
@@ -46,6 +46,8 @@ async def enqueue_jobs(
     debounce_max: float | None,
     queue: str | None,
     priority: int | None,
+    fairness_key: str | None = None,
+    fairness_weight: float | None = None,
 ) -> list[Enqueued]:
     """Enqueue one job of ``target`` per payload; every argument is checked and every payload
     validated before anything is written (the options are ``Task.enqueue``'s)."""
@@ -59,6 +61,9 @@ async def enqueue_jobs(
         and debounce is None
         and debounce_max is None
         and priority is None
+        and fairness_key is None
+        and fairness_weight is None
+        and target.options.fairness is None
     ):
         return [await _enqueue_plain(app, target, payloads, queue)]
     queue = queue if queue is not None else target.options.queue or app.queue
@@ -80,6 +85,11 @@ async def enqueue_jobs(
         )
         for b, h in zip(bodies, target.job_headers(payloads, bodies, heads), strict=True)
     ]
+    fair = target.options.fairness
+    if fair is not None or fairness_key is not None or fairness_weight is not None:
+        jobs = fair_jobs(target, fair, fairness_key, fairness_weight, payloads, bodies, jobs)
+        if any(job.fairness_key is not None for job in jobs):
+            return await _enqueue_fair(app, broker, queue, target, jobs, key, run_at)
     if broker.routes_jobs:  # a partitioned queue: each id names the job's partition
         jobs = placed(broker, target, payloads, bodies, jobs)
     with app.telemetry_for(queue).publish(jobs):  # measured with the headers it adds
@@ -165,6 +175,73 @@ def placed(
         route = route_key(target.name, flow, payload, job.key, job.headers.get(GROUP_HEADER))
         out.append(job.model_copy(update={"id": broker.job_id_for(route)}))
     return out
+
+
+def fair_jobs(
+    target: Task[Any],
+    fair: Fairness | None,
+    key: str | None,
+    weight: float | None,
+    payloads: Sequence[Any],
+    bodies: Sequence[Any],
+    jobs: list[Job],
+) -> list[Job]:
+    """``jobs`` with their fairness key and weight: the enqueue's, else the task's (its
+    functions see the validated payload)."""
+    if key is not None and not (isinstance(key, str) and 0 < len(key) <= MAX_KEY):
+        raise ConfigError(
+            f"enqueue: fairness_key must be a string of 1-{MAX_KEY} characters, got {quoted(key)}"
+        )
+    if weight is not None:
+        weight = check_weight(weight, target.name)
+    model = target.codec.model
+    out = []
+    for p, b, job in zip(payloads, bodies, jobs, strict=True):
+        k, w = None, 1.0
+        if fair is not None and (key is None or weight is None):
+            payload = p if model and isinstance(p, model) else target.codec.load(b)
+            k, w = fair.of(target.name, payload)
+        k = key if key is not None else k
+        w = weight if weight is not None else w
+        if k is None and weight is not None:
+            raise ConfigError("enqueue: fairness_weight needs a fairness_key")
+        out.append(
+            job if k is None else job.model_copy(update={"fairness_key": k, "fairness_weight": w})
+        )
+    return out
+
+
+async def _enqueue_fair(
+    app: ProducerApp,
+    broker: Broker,
+    queue: str,
+    target: Task[Any],
+    jobs: list[Job],
+    key: str | None,
+    run_at: float | None,
+) -> list[Enqueued]:
+    """Enqueue jobs of which some have a fairness key: those into their keys' turns (the
+    broker's ``fair_shares``), the others as usual. Refused, in one line, on a broker
+    without fair shares, and with an idempotency or debounce key or a delay (a job that
+    waits elsewhere first would join the queue outside its key's turn)."""
+    part = broker.fair_shares
+    if part is None:
+        raise ConfigError(
+            f"enqueue: fairness_key needs a broker that picks jobs by fair shares; the "
+            f"{broker.system} broker does not (use redis:// or memory://; on SQS, group_key "
+            "names the MessageGroupId, whose groups a fair queue balances)"
+        )
+    if key is not None or run_at is not None:
+        what = "key=" if key is not None else "delay=/at="
+        raise ConfigError(f"enqueue: fairness_key does not go with {what} (not supported yet)")
+    with app.telemetry_for(queue).publish(jobs):
+        check_jobs(target.name, target.options.max_payload_bytes, jobs)
+        fair = [job for job in jobs if job.fairness_key is not None]
+        plain = [job for job in jobs if job.fairness_key is None]
+        await part.publish(fair)
+        if plain:
+            await broker.publish(plain)
+    return [Enqueued(job.id) for job in jobs]
 
 
 def debounced(broker: Broker) -> Debounce:

@@ -9,7 +9,7 @@ from typing import Any, Protocol, TypedDict
 from ..brokers.multi import check_queue
 from ..cache import Cache
 from ..errors import ConfigError
-from ..flow import flow_control
+from ..flow import Adaptive, fairness, flow_control
 from ..retry import RetryPolicy, error_classes
 from ..schedule import Schedule
 from ..task import Invalidates, TaskOptions
@@ -34,11 +34,13 @@ class TaskSettings(TypedDict, total=False):
     schedule: Schedule | None
     queue: str | None
     priority: int | None
-    rate_limit: str | None
+    rate_limit: str | Adaptive | None
     rate_key: Callable[[Any], object] | None
     concurrency_key: Callable[[Any], object] | None
     max_per_key: int | None
     group_key: Callable[[Any], object] | None
+    fairness_key: Callable[[Any], object] | str | None
+    fairness_weight: Callable[[Any], object] | float | None
 
 
 class AppDefaults(Protocol):
@@ -107,4 +109,5 @@ def task_options(app: AppDefaults, task_name: str, settings: TaskSettings) -> Ta
             s.get("max_per_key"),
         ),
         group_key=group_key,
+        fairness=fairness(task_name, s.get("fairness_key"), s.get("fairness_weight")),
     )

@@ -41,10 +41,13 @@ from .parts import (
     BatchCounts,
     Debounce,
     DepthHistory,
+    FairShares,
     FlowLimits,
     JobRates,
     JobRecords,
+    ProgressStream,
     QueueControl,
+    RunLimits,
     ScheduleMarks,
     ServerInfo,
     WorkerStatus,
@@ -113,6 +116,16 @@ class Broker(abc.ABC):
     #: True when a job's id says where the job lives (a partitioned queue): the producer
     #: then takes each job's id from ``job_id_for``.
     routes_jobs: bool = False
+
+    #: Fair shares between the keys of the queue (``fairness_key``); None: refused at
+    #: enqueue. A class attribute, so a broker without them passes nothing.
+    fair_shares: FairShares | None = None
+
+    #: Progress updates as a stream per job (``app.progress``); None: not streamed.
+    progress: ProgressStream | None = None
+
+    #: Limits changed at run time (``aqw limits``); None: the tasks' own limits only.
+    run_limits: RunLimits | None = None
 
     def __init__(
         self,

@@ -32,6 +32,7 @@ from . import _dashboard as dashboard_cli
 from . import _dlq as dlq_cli
 from . import _enqueue as enqueue_cli
 from . import _job as job_cli
+from . import _limits as limits_cli
 from . import _monitor as monitor_cli
 from . import _queue as queue_cli
 from . import _status as status_cli
@@ -64,6 +65,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = 
     "dlq": dlq_cli.run,
     "queue": queue_cli.run,
     "cron": cron_cli.run,
+    "limits": limits_cli.run,
     "dashboard": dashboard_cli.run,
     "bench": bench_cli.run,
     "batch": batch_cli.run,
@@ -93,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     dlq_cli.add_parser(sub)
     queue_cli.add_parser(sub)
     cron_cli.add_parser(sub)
+    limits_cli.add_parser(sub)
     dashboard_cli.add_parser(sub)
     batch_cli.add_parser(sub)
     return parser

@@ -68,6 +68,7 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "aqw.queue.in_flight": ("gauge", "{job}", "Jobs delivered and not yet settled (queue-wide)"),
     "aqw.queue.delayed": ("gauge", "{job}", "Jobs scheduled for later"),
     "aqw.queue.dlq": ("gauge", "{job}", "Jobs in the dead-letter queue"),
+    "aqw.queue.desired_workers": ("gauge", "{worker}", "Workers the queue wants now (autoscaling)"),
     "aqw.worker.in_flight": ("gauge", "{job}", "Jobs running in this worker"),
     "aqw.worker.loop_blocked": (
         "counter",

@@ -17,6 +17,7 @@ from typing import Any
 from ..brokers.base import Broker, Delivery
 from ..context import job_fields
 from ..errors import RateLimited
+from ..flow import per_second, rate_text, stored_rate, with_overrides
 from ..job import Job
 from ..lease import Lease, LeaseBackend
 from ..task import Task
@@ -36,6 +37,10 @@ def start_backend(
     if broker.flow_limits is not None:
         limits = task.options.flow.limits(task.name, payload, job)
         if limits:
+            run = broker.run_limits  # limits changed at run time (``aqw limits set``)
+            changed = run.current() if run is not None else None
+            if changed:
+                limits = with_overrides(limits, task.name, changed)
             return broker.job_lease_backend(job, limits, delivery)
     return broker.job_lease_backend(job, None, delivery)
 
@@ -69,3 +74,52 @@ async def defer(
             limited.reason,
             extra=job_fields(job),
         )
+
+
+#: An adaptive rate limit (``aqw.Adaptive``): what a handler's ``RateLimited`` multiplies
+#: it by, the part of its registered rate a second of successes adds back, and the least
+#: time between two changes by one worker.
+DECREASE = 0.5
+INCREASE = 0.05
+CHANGE_EVERY = 1.0
+
+
+class AdaptiveRates:
+    """A worker's changes of its tasks' adaptive rate limits, stored with the queue (the
+    broker's ``run_limits``): lowered on an upstream's 429, grown back on successes."""
+
+    def __init__(self) -> None:
+        self._changed: dict[str, float] = {}
+
+    def _now(self, task: str) -> float | None:
+        """The time, when ``task``'s limit may change now (one change a second)."""
+        now = time.monotonic()
+        if now - self._changed.get(task, -CHANGE_EVERY) < CHANGE_EVERY:
+            return None
+        return now
+
+    async def lower(self, broker: Broker, task: Task[Any]) -> None:
+        await self._change(broker, task, lambda now, top: now * DECREASE)
+
+    async def grow(self, broker: Broker, task: Task[Any]) -> None:
+        await self._change(broker, task, lambda now, top: now + top * INCREASE)
+
+    async def _change(self, broker: Broker, task: Task[Any], step: Any) -> None:
+        flow, store = task.options.flow, broker.run_limits
+        if flow.rate is None or flow.floor is None or store is None:
+            return
+        stamp = self._now(task.name)
+        if stamp is None:
+            return
+        top, low = per_second(flow.rate), per_second(flow.floor)
+        current = stored_rate(store.current().get(f"rate:{task.name}"))
+        now = per_second(current) if current is not None else top
+        new = min(top, max(low, step(now, top)))
+        if rate_text(new) == rate_text(now):
+            return
+        self._changed[task.name] = stamp
+        try:
+            await store.write(f"rate:{task.name}", rate_text(new))
+            await store.refresh()
+        except broker.transient_errors as exc:  # the next 429 or success tries again
+            log.warning("task %s: could not change its adaptive rate limit: %s", task.name, exc)

@@ -36,7 +36,7 @@ from ..lease import Lease, LeaseKeeper
 from ..task import Task
 from ..telemetry import Telemetry, now_ns
 from ._backoff import Backoff
-from ._deferring import defer, start_backend
+from ._deferring import AdaptiveRates, defer, start_backend
 from ._handler import Outcome, describe, run_handler
 from ._log_lines import SUCCEEDED, attempt_fields
 from ._needs import check_limits
@@ -74,6 +74,7 @@ class JobPath:
     ) -> None:
         self.broker = broker
         self.tasks = tasks
+        self.adaptive = AdaptiveRates()  # the tasks' adaptive rate limits (aqw.Adaptive)
         self.payload_limit = payload_limit
         self.cache = cache
         self.host = host
@@ -164,6 +165,8 @@ class JobPath:
                 self.settling.add(current)  # finished: a shutdown must not cancel its settle
             if isinstance(error, RateLimited):  # an upstream's 429: later, no attempt spent
                 limited, error = error, None
+                if task.options.flow.floor is not None:  # an adaptive limit: lower it
+                    await self.adaptive.lower(self.broker, task)
                 await defer(self.settler, delivery, job, lease, limited, jt)
                 return
             await self.settler.settle(task, delivery, job, lease, outcome, jt)
@@ -273,6 +276,8 @@ class JobPath:
             )
         self.window.duration(elapsed, job.task)
         self.tel.observe("aqw.job.duration", elapsed, job.task)
+        if outcome.kind == "ok" and task.options.flow.floor is not None:
+            await self.adaptive.grow(self.broker, task)  # an adaptive limit grows back
         return outcome
 
     async def take_lease(self, lease: Lease, delivery: Delivery) -> bool | None:

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from ..brokers.base import Broker, QueueDepth, check_priority_share
 from ..brokers.multi import MultiBroker, queue_of, queue_plan
 from ..errors import ConfigError
+from ..scaling import desired_workers, scaling_inputs
 from ._job_path import JobPath
 from ._slots import Runner
 
@@ -68,8 +69,27 @@ async def depths_of(paths: Mapping[str, JobPath]) -> dict[str, QueueDepth]:
     return {name: await path.broker.depth() for name, path in paths.items()}
 
 
-def depth_readings(
+async def desired_of(
     paths: Mapping[str, JobPath], depths: Mapping[str, QueueDepth]
+) -> dict[str, int]:
+    """Each queue's autoscaling signal (``aqw.scaling``), from its depth just read, the live
+    workers' heartbeats and its tasks' rate limits."""
+    out: dict[str, int] = {}
+    for name, depth in depths.items():
+        path = paths.get(name)
+        if path is None:
+            continue
+        broker = path.broker
+        beats = await broker.status.heartbeats()  # a monitor's is left out
+        flows = {n: t.options.flow for n, t in path.tasks.items()}
+        out[name] = desired_workers(await scaling_inputs(broker, depth, beats, flows))
+    return out
+
+
+def depth_readings(
+    paths: Mapping[str, JobPath],
+    depths: Mapping[str, QueueDepth],
+    desired: Mapping[str, int] | None = None,
 ) -> list[tuple[str, float, dict[str, Any]]]:
     """Gauge readings of each queue's depth, with that queue's telemetry attributes."""
     out: list[tuple[str, float, dict[str, Any]]] = []
@@ -77,4 +97,7 @@ def depth_readings(
         path = paths.get(name)
         if path is not None:
             out += path.tel.depth_readings(depth)
+            if desired is not None and name in desired:
+                attrs = path.tel.metric_attributes(None)
+                out.append(("aqw.queue.desired_workers", float(desired[name]), attrs))
     return out

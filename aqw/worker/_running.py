@@ -13,6 +13,7 @@ from typing import Any
 
 from .._text import plural
 from ..brokers.base import Broker
+from ..brokers.parts import ProgressStream
 from ..context import Context, job_fields
 from ..job import Job
 from ..lease import Lease
@@ -207,7 +208,9 @@ class RunningJobs:
         run.published = True
         await self._broker.records.set_running_state(run.job.id, run.state(self._worker))
 
-    async def report_progress(self, job_id: str, fraction: float, message: str) -> None:
+    async def report_progress(
+        self, job_id: str, fraction: float, message: str, detail: str | None = None
+    ) -> None:
         """Record a running job's progress and publish its state at once, best effort: a
         lost connection is retried for up to ``PROGRESS_WITHIN`` seconds, then the report is
         dropped with one warning per job (the next report writes the latest progress
@@ -217,6 +220,9 @@ class RunningJobs:
         if run is None:
             return
         run.progress, run.message = fraction, message
+        stream = self._broker.progress
+        if stream is not None:  # its readers (``app.progress``), best effort
+            await self._stream(stream, run, fraction, message, detail)
         deadline = time.monotonic() + PROGRESS_WITHIN
         delay = 0.05
         while True:
@@ -236,6 +242,18 @@ class RunningJobs:
                 return
             await asyncio.sleep(delay)
             delay *= 2
+
+    async def _stream(
+        self, stream: ProgressStream, run: RunningJob, fraction: float, msg: str, detail: str | None
+    ) -> None:
+        update = {"fraction": repr(fraction), "message": msg}
+        if detail is not None:
+            update["detail"] = detail
+        try:
+            async with asyncio.timeout(PROGRESS_WITHIN):
+                await stream.publish(run.job.id, update)
+        except Exception as exc:  # a lost connection, a damaged key: the update is dropped
+            self._drop_progress(run, exc)
 
     def _drop_progress(self, run: RunningJob, error: BaseException) -> None:
         level = logging.DEBUG if run.progress_dropped else logging.WARNING

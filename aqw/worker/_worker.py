@@ -33,7 +33,7 @@ from ._job_path import JobPath
 from ._locks import ResourceLock
 from ._log_lines import Hints, log_started, log_stopped
 from ._needs import check_shared_parts
-from ._options import check_options, consumed_broker, depth_readings, depths_of, route
+from ._options import check_options, consumed_broker, depth_readings, depths_of, desired_of, route
 from ._outage import Outage
 from ._running import RunningJobs, WorkerStats
 from ._scheduler import Scheduler
@@ -113,6 +113,7 @@ class Worker:
         self.tel = app.telemetry
         self._transient = self.broker.transient_errors
         self._depths: dict[str, QueueDepth] = {}
+        self._desired: dict[str, int] = {}  # the autoscaling signal per queue (gauge)
         self._background: set[asyncio.Task[Any]] = set()
         self._stop = asyncio.Event()
         self.stopping = Stopping(self._stop)  # a second signal: stop without waiting for jobs
@@ -338,6 +339,7 @@ class Worker:
                     )
                     if self.tel.metering:
                         self._depths = await depths_of(self.paths)
+                        self._desired = await desired_of(self.paths, self._depths)
                 except self._transient as exc:
                     self.outage.failed("publishing the worker heartbeat", exc)
                 else:
@@ -352,7 +354,7 @@ class Worker:
                 {**self.tel.metric_attributes(None), "aqw.worker": self.name},
             )
         ]
-        return readings + depth_readings(self.paths, self._depths)
+        return readings + depth_readings(self.paths, self._depths, self._desired)
 
     def summary(self) -> dict[str, Any]:
         """What this worker publishes in its heartbeat: state, counters, recent rates,
@@ -379,9 +381,11 @@ class Worker:
 
     # -- what a handler's ctx asks of the worker --------------------------------------------
 
-    async def report_progress(self, ctx: Context, fraction: float, message: str) -> None:
-        """Record a running job's progress and publish its state at once."""
-        await self.running.report_progress(ctx.job.id, fraction, message)
+    async def report_progress(
+        self, ctx: Context, fraction: float, message: str, detail: str | None = None
+    ) -> None:
+        """Record a running job's progress and publish its state (and stream it) at once."""
+        await self.running.report_progress(ctx.job.id, fraction, message, detail)
 
     def resource_lock(self, name: str, *, ttl: float, wait: float | None) -> Lease:
         """A lease on a named resource of this queue, renewed by this worker's keeper;

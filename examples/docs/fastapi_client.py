@@ -1,5 +1,6 @@
 """Drive the example FastAPI app (examples/fastapi_app.py) in-process: the lifespan starts
-the worker, a POST enqueues a job, GET /jobs/{id}/result waits for its result.
+the worker, a POST enqueues a job, GET /jobs/{id}/progress streams its progress as
+server-sent events, GET /jobs/{id}/result waits for its result.
 
 Needs the fastapi extra plus httpx and asgi-lifespan (all in aqw[dev]).
 """
@@ -25,6 +26,16 @@ async def main() -> None:
             body = {"name": "q3", "seconds": 0.2, "steps": 2}
             accepted = (await client.post("/jobs", json=body)).json()
             print("accepted:", accepted)
+
+            events = []
+            async with client.stream("GET", accepted["status"] + "/progress") as stream:
+                async for line in stream.aiter_lines():
+                    if line.startswith("event: "):
+                        events.append(line.removeprefix("event: "))
+            print("events:", events)  # each ctx.progress update, then the end
+            assert events == ["progress", "progress", "end"]
+            missing = await client.get("/jobs/nope/progress")
+            assert missing.status_code == 404
 
             reply = await client.get(accepted["status"] + "/result", params={"wait": 5})
             print("finished:", reply.json()["name"])  # waited without polling

@@ -4,7 +4,9 @@
 -- expires when no worker beats any more. O(log N) per call; N is bounded by the window.
 -- KEYS[1] depth zset, KEYS[2] dlq stream, then per priority level in use (2): its stream,
 --   its delayed zset (level 0's first)
--- ARGV[1] bucket start (s), ARGV[2] seconds kept, ARGV[3] consumer group
+-- ARGV[1] bucket start (s), ARGV[2] seconds kept, ARGV[3] consumer group, then the counters of
+--   the jobs waiting in the fair shares of the levels that hold them (fair_enqueue.lua's
+--   aqw:{q}:fair[:pN]:n, in the queue's slot), counted as waiting
 -- Returns 1 when a sample was added, 0 when the bucket had one.
 local bucket = tonumber(ARGV[1])
 if redis.call('ZCOUNT', KEYS[1], bucket, bucket) > 0 then
@@ -23,6 +25,9 @@ for i = 3, #KEYS, 2 do
   in_flight = in_flight + pending_here
   waiting = waiting + math.max(0, length - pending_here)
   delayed = delayed + redis.call('ZCARD', KEYS[i + 1])
+end
+for a = 4, #ARGV do
+  waiting = waiting + math.max(0, tonumber(redis.call('GET', ARGV[a])) or 0)
 end
 local dead = redis.call('XLEN', KEYS[2])
 redis.call('ZADD', KEYS[1], bucket,

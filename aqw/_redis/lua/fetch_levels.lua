@@ -7,7 +7,8 @@
 -- another process at its next fetch, not a refresh later: a high-priority job behind a
 -- backlog of low ones is read before any further low one.
 -- When the set holds a level the caller does not read, nothing is read: the caller reads
--- again with it (so a lower level is never handed out first for want of knowing a higher).
+-- again with it (so a lower level is never handed out first for want of knowing a higher);
+-- so too when it marks a level as holding fair jobs ('f<level>': fair_fetch.lua reads those).
 -- KEYS[1] the levels set, then the level streams the caller reads, highest level first (all
 --   in the queue's slot)
 -- ARGV[1] group, ARGV[2] consumer, ARGV[3] count, ARGV[4] '1' for a share fetch, else '0',
@@ -24,8 +25,8 @@ for a = 5, #ARGV do
   known[ARGV[a]] = true
 end
 for _, level in ipairs(members) do
-  if not known[level] and string.match(level, '^[1-9]$') then
-    return {members}
+  if (not known[level] and string.match(level, '^[1-9]$')) or string.match(level, '^f') then
+    return {members}  -- 'f<level>': fair jobs, read by fair_fetch.lua (_fair.py)
   end
 end
 local out, n = {members}, 1

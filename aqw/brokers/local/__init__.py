@@ -8,31 +8,39 @@ part (SQS, or one written outside aqw) may use them.
 from .batches import LocalBatchCounts
 from .control import LocalQueueControl
 from .debounce import LocalDebounce
+from .fair import FairLevel, LocalFairShares
 from .history import LocalDepthHistory
 from .leases import MemoryLeaseBackend
 from .limits import LocalLimiter
 from .marks import LocalScheduleMarks
 from .priorities import LevelFifos, ShareCredit, level_of
+from .progress import LocalProgress
 from .rates import LocalJobRates
 from .records import LocalJobRecords
+from .run_limits import LocalRunLimits, OverrideCache
 from .start import LimitedStart, LocalStartGuard, still_ours
 from .status import LocalWorkerStatus
 from .wakeup import Wakeup, resolve
 
 __all__ = [
+    "FairLevel",
     "LevelFifos",
     "LimitedStart",
     "LocalBatchCounts",
     "LocalDebounce",
     "LocalDepthHistory",
+    "LocalFairShares",
     "LocalJobRates",
     "LocalJobRecords",
     "LocalLimiter",
+    "LocalProgress",
     "LocalQueueControl",
+    "LocalRunLimits",
     "LocalScheduleMarks",
     "LocalStartGuard",
     "LocalWorkerStatus",
     "MemoryLeaseBackend",
+    "OverrideCache",
     "ShareCredit",
     "Wakeup",
     "level_of",

@@ -47,6 +47,9 @@ class MemoryBroker(Broker):
         self.dlq_limit = dlq_limit
         self._q = q
         self._share = ShareCredit()
+        self.fair_shares = q.fair
+        self.run_limits = q.run_limits
+        self.progress = q.progress
 
     def describe(self) -> str:
         return f"memory://{self.queue} (in-process only)"
@@ -110,14 +113,17 @@ class MemoryBroker(Broker):
 
     async def fetch(self, count: int, block: float, share: float = 0.0) -> list[Delivery]:
         q = self._q
-        if not q.waiting and block > 0:
+        fair = q.fair.levels
+        if not q.waiting and block > 0 and not (fair and len(q.fair)):
             loop = asyncio.get_running_loop()
             deadline = loop.time() + block
-            while not q.waiting:
+            while not q.waiting and not (fair and len(q.fair)):
                 if not await q.changed.wait(deadline - loop.time()):
                     return []
         out: list[Delivery] = []
         now = clock.monotonic()
+        if fair:  # jobs with a fairness key: picked into the FIFOs as this fetch wants them
+            q.fair.fill(q.waiting, count)
         lowest = q.waiting.mixed and self._share.turn(share)  # the highest level first
         for entry_id, data, level in q.waiting.take(count, lowest):
             q.pending[entry_id] = Pending(data, self.consumer, now, 1)

@@ -15,10 +15,13 @@ from ..local import (
     LocalBatchCounts,
     LocalDebounce,
     LocalDepthHistory,
+    LocalFairShares,
     LocalJobRates,
     LocalJobRecords,
     LocalLimiter,
+    LocalProgress,
     LocalQueueControl,
+    LocalRunLimits,
     LocalScheduleMarks,
     LocalWorkerStatus,
     MemoryLeaseBackend,
@@ -57,6 +60,8 @@ class MemoryQueue:
     #: Wakes the fetches waiting for a message, in whichever event loop each waits.
     changed: Wakeup = field(default_factory=Wakeup)
     limiter: LocalLimiter = field(default_factory=LocalLimiter)
+    run_limits: LocalRunLimits = field(default_factory=LocalRunLimits)
+    progress: LocalProgress = field(default_factory=LocalProgress)
     # -- the parts its brokers hand out (made in ``__post_init__``)
     records: LocalJobRecords = field(init=False)
     status: LocalWorkerStatus = field(default_factory=LocalWorkerStatus)
@@ -66,6 +71,8 @@ class MemoryQueue:
     batches: LocalBatchCounts = field(init=False)
     control: LocalQueueControl = field(init=False)
     rates: LocalJobRates = field(default_factory=LocalJobRates)
+    #: The fair turns of jobs with a fairness key (``local/fair.py``).
+    fair: LocalFairShares = field(init=False)
 
     def __post_init__(self) -> None:
         self.records = LocalJobRecords(self.name)
@@ -77,6 +84,7 @@ class MemoryQueue:
         self.control = LocalQueueControl(
             self.waiting, self.delayed, self.notify, lambda: [p.data for p in self.pending.values()]
         )
+        self.fair = LocalFairShares(self.records.enqueued, self.notify)
 
     def result_of(self, job_id: str) -> str | None:
         """A finished job's kept result as JSON text (a flow step's input), or None."""
@@ -107,7 +115,8 @@ class MemoryQueue:
         return True
 
     async def depth(self) -> QueueDepth:
-        return QueueDepth(len(self.waiting), len(self.pending), len(self.delayed), len(self.dlq))
+        waiting = len(self.waiting) + len(self.fair)
+        return QueueDepth(waiting, len(self.pending), len(self.delayed), len(self.dlq))
 
     def next_id(self) -> str:
         return f"{int(time.time() * 1000)}-{next(self.ids)}"

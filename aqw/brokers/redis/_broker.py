@@ -44,13 +44,16 @@ from ._cancels import listen_cancels
 from ._control import RedisQueueControl
 from ._debounce import RedisDebounce
 from ._entries import dead_job_of, text
+from ._fair import RedisFairShares
 from ._history import RedisDepthHistory
 from ._job_start import RedisJobLease
 from ._jobs import RedisJobs
 from ._marks import RedisScheduleMarks
 from ._priorities import RedisLevels, locate
+from ._progress import RedisProgress
 from ._rates import RedisJobRates
 from ._records import RedisJobRecords
+from ._run_limits import RedisRunLimits
 from ._server import RedisServer
 from ._settle import RedisSettle
 from ._status import RedisWorkerStatus, read_stats
@@ -119,6 +122,9 @@ class RedisBroker(Broker):
         self.jobs = RedisJobs(self.client, batcher, keys, self._leases, dlq_limit)
         self.steps = RedisSettle(self.client, batcher, keys, dlq_limit)
         self._share = ShareCredit()
+        self.fair_shares = RedisFairShares(batcher, keys, self.levels)
+        self._run_limits = self.run_limits = RedisRunLimits(self.client, keys)
+        self.progress = RedisProgress(self.client, batcher, keys)
         #: The consumer names this broker has read as (``_holder``).
         self._read_as: set[str] = set()
         self._keep_alive = _scripts.load("keep_alive")
@@ -151,6 +157,7 @@ class RedisBroker(Broker):
             await listen_cancels(self.client, [self.keys], on_cancel, self.transient_errors)
 
     async def close(self) -> None:
+        await self._run_limits.stop()
         await self.waiters.close()
         if self._owns_client:
             await self.client.aclose()
@@ -181,6 +188,7 @@ class RedisBroker(Broker):
         """Also opens the connections its lease renewals go by (``open_spares``)."""
         await super().start_consuming(consumer)
         await open_spares(self.client)
+        await self._run_limits.refresh()  # the limits changed at run time, then every 0.5 s
 
     async def fetch(self, count: int, block: float, share: float = 0.0) -> list[Delivery]:
         """Highest priority level first (a share from the lowest waiting one), reading the

@@ -32,6 +32,13 @@ class RedisDepthHistory:
         self._levels = levels
         self._sample = scripts.load("depth_sample")
 
+    def _fair_counts(self) -> list[str]:
+        """The counters of the jobs waiting in fair shares, per level holding them."""
+        tag = self._keys.tag
+        return [
+            f"{tag}:fair:p{lv}:n" if lv else f"{tag}:fair:n" for lv in sorted(self._levels.fair)
+        ]
+
     async def sample(self, at: float) -> None:
         """Add the bucket's sample, summed over the priority levels in use, unless it has one
         (one script call, O(log N)); a damaged key (not a ZSET) is skipped, never failing the
@@ -42,7 +49,9 @@ class RedisDepthHistory:
         ]
         with contextlib.suppress(ResponseError):
             await self._batcher.script(
-                self._sample, [k.depth, k.dlq, *per_level], [bucket_of(at), DEPTH_KEEP, GROUP]
+                self._sample,
+                [k.depth, k.dlq, *per_level],
+                [bucket_of(at), DEPTH_KEEP, GROUP, *self._fair_counts()],
             )
 
     async def since(self, at: float) -> list[DepthSample]:

@@ -36,6 +36,9 @@ T = TypeVar("T")
 ANNOUNCE_EVERY = 30.0
 #: Seconds between a worker's reads of the levels set.
 REFRESH_EVERY = 1.0
+#: The longest an idle worker blocks while levels hold fair jobs, in ms: a fair job waits in
+#: its key's turn, not in a stream, so its enqueue wakes no blocked read.
+FAIR_BLOCK_MS = 100
 #: One reclaim looks at up to ``max(RECLAIM_SCAN_MIN, count * RECLAIM_SCAN_FACTOR)`` idle
 #: pending entries of a level.
 RECLAIM_SCAN_MIN = 16
@@ -64,6 +67,10 @@ class RedisLevels:
         self._read_at = -math.inf
         self._announced: dict[int, float] = {}
         self._fetch = scripts.load("fetch_levels")
+        #: The levels that hold fair jobs (members ``f<level>`` of the levels set): fetched
+        #: by ``fair_fetch.lua``, which picks across their keys (``_fair.py``).
+        self.fair: frozenset[int] = frozenset()
+        self._fair_fetch = scripts.load("fair_fetch")
         self._promote = scripts.load("promote")
         self._reclaim = scripts.load("reclaim")
         self._reclaim_from: dict[int, str] = {}
@@ -122,6 +129,7 @@ class RedisLevels:
         self._read_at = time.monotonic()
         found = {to_int(m, 0) for m in members}
         self.active = tuple(sorted({0, *(n for n in found if 0 < n <= MAX_PRIORITY)}, reverse=True))
+        self.fair = fair_levels(members)
 
     async def ensure_groups(self) -> None:
         """Create the consumer group of every active level (a stream deleted under us)."""
@@ -140,16 +148,23 @@ class RedisLevels:
         (up to ``block_ms``; 0: not at all).
         The levels set is read in the same step: a level new to this worker is read from its
         next fetch on."""
-        levels = self.active
+        levels, fair = self.active, self.fair
         streams = [self.keys.stream_for(lv) for lv in levels]
         try:
             # On the client, as the blocking read below: not through the batcher, where the
             # settle steps of running jobs would queue behind a fetch.
-            reply: Any = await self._fetch(
-                self.client,
-                [self.keys.levels, *streams],
-                [GROUP, consumer, count, "1" if share else "0", *(lv for lv in levels if lv)],
-            )
+            if fair:  # some levels hold fair jobs: picked in the same step (``_fair.py``)
+                head = [GROUP, consumer, count, "1" if share else "0", self.keys.tag + ":"]
+                reply: Any = await self._fair_fetch(
+                    self.client, [self.keys.levels, *streams], [*head, *levels]
+                )
+                block_ms = min(block_ms, FAIR_BLOCK_MS)
+            else:
+                reply = await self._fetch(
+                    self.client,
+                    [self.keys.levels, *streams],
+                    [GROUP, consumer, count, "1" if share else "0", *(lv for lv in levels if lv)],
+                )
             self.saw(reply[0])
             out = [
                 delivery_of_level(reply[i + 1], reply[i + 2], levels[int(reply[i]) - 2])
@@ -157,7 +172,7 @@ class RedisLevels:
             ]
             if out:
                 return held_by(out, consumer)
-            if self.active != levels:  # a level new here: read it now, not after a block
+            if self.active != levels or self.fair != fair:  # new here: read it now
                 return await self.fetch(consumer, count, block_ms, share)
             if block_ms <= 0:  # asked not to wait
                 return out
@@ -211,7 +226,10 @@ class RedisLevels:
             for level in levels:
                 _level_counts(pipe, self.keys, level)
             counts += await pipe.execute(raise_on_error=False)
+        fair = fair_levels([] if isinstance(members, Exception) else members)
         waiting = in_flight = delayed = 0
+        for lv in sorted(fair):  # the jobs waiting in the fair keys' turns
+            waiting += to_int(await self.client.get(f"{self.keys.tag}:fair{_sfx(lv)}:n"), 0)
         for i in range(0, len(counts), 3):
             length, later, pending = counts[i : i + 3]
             busy = 0 if isinstance(pending, Exception) else int(pending["pending"])
@@ -313,6 +331,20 @@ class RedisLevels:
             if len(due) >= count:
                 break
         return due
+
+
+def _sfx(level: int) -> str:
+    return f":p{level}" if level else ""
+
+
+def fair_levels(members: Any) -> frozenset[int]:
+    """The levels the levels set's ``members`` mark as holding fair jobs (``f<level>``)."""
+    out = set()
+    for member in members:
+        name = text(member)
+        if len(name) == 2 and name[0] == "f" and name[1].isdigit():
+            out.add(int(name[1]))
+    return frozenset(out)
 
 
 def held_by(deliveries: list[Delivery], consumer: str) -> list[Delivery]:

@@ -19,6 +19,7 @@ from ..._redis.keys import GROUP
 from ..base import Broker, Delivery
 from ._broker import RedisBroker
 from ._entries import delivery_of, text
+from ._priorities import FAIR_BLOCK_MS
 
 
 def can_wait_together(brokers: Sequence[Broker]) -> bool:
@@ -41,6 +42,8 @@ async def wait_together(
         for level in queue.levels.active:
             where[queue.keys.stream_for(level)] = (i, level)
     block_ms = max(1, int(min(block, MAX_BLOCK) * 1000))
+    if any(queue.levels.fair for queue in queues):  # a fair job's enqueue wakes no read
+        block_ms = min(block_ms, FAIR_BLOCK_MS)
     try:
         reply: Any = await queues[0].client.xreadgroup(
             GROUP, consumer, dict.fromkeys(where, ">"), count=count, block=block_ms
