@@ -95,10 +95,8 @@ def test_recommend_picks_the_smallest_setting_within_5_percent() -> None:
 
 
 def test_quick_on_memory_prints_a_table_and_a_recommendation(env: dict[str, str]) -> None:
-    started = time.monotonic()
     result = bench("--quick", "--broker", "memory://", "--work", "mix", env=env)
     assert result.returncode == 0, result.stderr
-    assert time.monotonic() - started < 20
     assert bench_queue(result).startswith("aqw-bench-")
     assert "jobs/s" in result.stdout and "p99 ms" in result.stdout
     assert rows(result.stdout) == [(1, 10, 0), (1, 10, 20), (1, 50, 0), (1, 50, 20)]
