@@ -120,6 +120,7 @@ def test_json_on_memory(env: dict[str, str]) -> None:
     assert report["recommendation"]["jobs_per_s"] >= 0.95 * best
 
 
+@pytest.mark.xdist_group("processes")  # see CONTRIBUTING.md: one at a time
 @pytest.mark.redis
 def test_quick_on_redis_with_two_process_counts(
     env: dict[str, str], bench_queues: list[str]
@@ -134,6 +135,7 @@ def test_quick_on_redis_with_two_process_counts(
     assert queue_keys(bench_queues[0]) == []
 
 
+@pytest.mark.xdist_group("processes")  # see CONTRIBUTING.md: one at a time
 @pytest.mark.redis
 def test_json_on_redis_with_a_named_queue(env: dict[str, str], bench_queues: list[str]) -> None:
     queue = f"aqw-bench-t{uuid.uuid4().hex[:8]}"

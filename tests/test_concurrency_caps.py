@@ -287,6 +287,7 @@ async def test_a_debounced_job_waits_for_a_started_one_of_its_key(backend: Backe
 # -- three worker processes on the real Redis --------------------------------------------------
 
 
+@pytest.mark.xdist_group("processes")  # see CONTRIBUTING.md: one at a time
 @pytest.mark.slow
 async def test_three_processes_share_one_cap_per_key(queue_name: str, tmp_path: Path) -> None:
     require_real_redis()

@@ -381,6 +381,7 @@ def env_for_workers(repo_root: Path) -> dict[str, str]:
     return env
 
 
+@pytest.mark.xdist_group("processes")  # see CONTRIBUTING.md: one at a time
 @pytest.mark.slow
 async def test_four_processes_hold_one_rate_limit(queue_name: str, tmp_path: Path) -> None:
     """4 worker processes, ``rate_limit="50/s"``, 500 jobs: no 1-second window of the

@@ -305,6 +305,7 @@ def _leaders(procs: list[tuple[asyncio.subprocess.Process, Path]]) -> list[int]:
     return [i for i, (_, path) in enumerate(procs) if b" leads queue " in path.read_bytes()]
 
 
+@pytest.mark.xdist_group("processes")  # see CONTRIBUTING.md: one at a time
 @pytest.mark.redis
 async def test_four_processes_enqueue_each_tick_once(
     redis_url: str, queue_name: str, repo_root: Path, subprocess_env: dict[str, str], tmp_path: Path
@@ -324,6 +325,7 @@ async def test_four_processes_enqueue_each_tick_once(
         await client.aclose()
 
 
+@pytest.mark.xdist_group("processes")  # see CONTRIBUTING.md: one at a time
 @pytest.mark.redis
 async def test_the_leader_sigkilled_another_takes_over_without_a_gap(
     redis_url: str, queue_name: str, repo_root: Path, subprocess_env: dict[str, str], tmp_path: Path
@@ -348,6 +350,7 @@ async def test_the_leader_sigkilled_another_takes_over_without_a_gap(
         await client.aclose()
 
 
+@pytest.mark.xdist_group("processes")  # see CONTRIBUTING.md: one at a time
 @pytest.mark.redis
 async def test_a_sigstopped_leader_thawed_later_enqueues_nothing_twice(
     redis_url: str, queue_name: str, repo_root: Path, subprocess_env: dict[str, str], tmp_path: Path

@@ -76,6 +76,7 @@ async def stop_worker(proc: Proc) -> dict[str, int]:
     return stats
 
 
+@pytest.mark.xdist_group("processes")  # see CONTRIBUTING.md: one at a time
 async def test_a_worker_frozen_again_and_again_starts_nothing_that_ended(
     redis_url: str, queue_name: str, repo_root: Path, subprocess_env: dict[str, str], tmp_path: Path
 ) -> None:
