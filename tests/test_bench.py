@@ -25,14 +25,14 @@ from conftest import REDIS_URL, delete_queue_keys
 
 from aqw.cli.bench._main import Point, recommend
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(150)
 
 QUEUE_LINE = re.compile(r"aqw bench: queue (\S+) on ")
 ROW = re.compile(r"^[* ] +(\d+) +(\d+) +(\d+) +([\d,]+|-) ")
 
 
 def bench(
-    *args: str, env: dict[str, str], cwd: Path | None = None, timeout: float = 45
+    *args: str, env: dict[str, str], cwd: Path | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "aqw.cli.bench", *args],
