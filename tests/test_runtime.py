@@ -368,16 +368,18 @@ async def test_a_live_holder_past_its_ttl_keeps_its_job(backend: Backend) -> Non
         async def long(ctx: aqw.Context) -> None:
             runs.append(ctx.worker.name)
             began.set()
-            await asyncio.sleep(2.5)  # 5x the lease ttl
+            await asyncio.sleep(3 * ttl)  # past its lease ttl three times over
 
-    first, second = backend.app(lease_ttl=0.5), backend.app(lease_ttl=0.5)
+    # A ttl a loaded machine's stalls fit in (renewals every ttl/3): 0.5 s lost its lease.
+    ttl = 1.0
+    first, second = backend.app(lease_ttl=ttl), backend.app(lease_ttl=ttl)
     register(first)
     register(second)
     await first.tasks["long"].enqueue()
     async with running(first.worker(concurrency=2)) as holder:
         await asyncio.wait_for(began.wait(), 5)
         async with running(second.worker(concurrency=2)) as other:
-            await eventually(lambda: holder.stats.processed == 1, 10, "the long job")
+            await eventually(lambda: holder.stats.processed == 1, 15, "the long job")
             await asyncio.sleep(0.5)
     assert runs == [holder.name]
     busy = other.stats
