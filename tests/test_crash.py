@@ -122,9 +122,10 @@ async def test_sigkilled_worker_loses_nothing_and_fencing_holds(
             allowed_exits=KILLED,
             interval=0.02,
         )
-        for proc in procs[1:]:
+        survivors = [p for p in procs if p is not victim]
+        for proc in survivors:
             proc.send_signal(signal.SIGTERM)
-        for proc in procs[1:]:
+        for proc in survivors:
             code = await asyncio.wait_for(proc.wait(), 20)
             assert code == 0, f"worker {proc.pid} did not stop cleanly"
 
