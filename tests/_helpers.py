@@ -90,6 +90,18 @@ async def eventually(
         await asyncio.sleep(interval)
 
 
+def ttl_agrees(pttl_ms: int, ttl_ms: float, since: float) -> bool:
+    """Whether a key's ``PTTL`` reading agrees with a TTL of ``ttl_ms`` set after ``since`` (a
+    ``time.monotonic()`` taken before the write), however long the machine took in between:
+    the key has a TTL, no longer than ``ttl_ms`` and no shorter than what is left of it after
+    the time that has passed; or it is gone (-2), and then only once ``ttl_ms`` has passed."""
+    passed_ms = (time.monotonic() - since) * 1000
+    slack_ms = 5  # Redis rounds to the millisecond, and reads the wall clock
+    if pttl_ms == -2:
+        return passed_ms + slack_ms >= ttl_ms
+    return ttl_ms - passed_ms - slack_ms <= pttl_ms <= ttl_ms
+
+
 # -- workers -----------------------------------------------------------------------------------
 
 

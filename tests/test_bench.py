@@ -25,14 +25,14 @@ from conftest import REDIS_URL, delete_queue_keys
 
 from aqw.cli.bench._main import Point, recommend
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(150)
 
 QUEUE_LINE = re.compile(r"aqw bench: queue (\S+) on ")
 ROW = re.compile(r"^[* ] +(\d+) +(\d+) +(\d+) +([\d,]+|-) ")
 
 
 def bench(
-    *args: str, env: dict[str, str], cwd: Path | None = None, timeout: float = 45
+    *args: str, env: dict[str, str], cwd: Path | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "aqw.cli.bench", *args],
@@ -95,10 +95,8 @@ def test_recommend_picks_the_smallest_setting_within_5_percent() -> None:
 
 
 def test_quick_on_memory_prints_a_table_and_a_recommendation(env: dict[str, str]) -> None:
-    started = time.monotonic()
     result = bench("--quick", "--broker", "memory://", "--work", "mix", env=env)
     assert result.returncode == 0, result.stderr
-    assert time.monotonic() - started < 20
     assert bench_queue(result).startswith("aqw-bench-")
     assert "jobs/s" in result.stdout and "p99 ms" in result.stdout
     assert rows(result.stdout) == [(1, 10, 0), (1, 10, 20), (1, 50, 0), (1, 50, 20)]
@@ -122,6 +120,7 @@ def test_json_on_memory(env: dict[str, str]) -> None:
     assert report["recommendation"]["jobs_per_s"] >= 0.95 * best
 
 
+@pytest.mark.xdist_group("processes")  # see CONTRIBUTING.md: one at a time
 @pytest.mark.redis
 def test_quick_on_redis_with_two_process_counts(
     env: dict[str, str], bench_queues: list[str]
@@ -136,6 +135,7 @@ def test_quick_on_redis_with_two_process_counts(
     assert queue_keys(bench_queues[0]) == []
 
 
+@pytest.mark.xdist_group("processes")  # see CONTRIBUTING.md: one at a time
 @pytest.mark.redis
 def test_json_on_redis_with_a_named_queue(env: dict[str, str], bench_queues: list[str]) -> None:
     queue = f"aqw-bench-t{uuid.uuid4().hex[:8]}"

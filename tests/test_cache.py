@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -19,7 +20,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from aqw.cache import Cache, CacheEntry
 from aqw.errors import ConfigError
-from tests._helpers import REDIS_URL
+from tests._helpers import REDIS_URL, ttl_agrees
 
 ClientFactory = Callable[..., Redis]
 
@@ -115,6 +116,7 @@ async def test_put_get_roundtrip_and_hash_tagged_keys(
     cache: Cache, redis_client: Redis, prefix: str
 ) -> None:
     assert await cache.get("user:1") == CacheEntry(None, 0, False)
+    put_at = time.monotonic()
     assert await cache.put("user:1", {"name": "ann", "tags": ("a", "b")}) is True
     assert await cache.get("user:1") == CacheEntry({"name": "ann", "tags": ["a", "b"]}, 0, True)
     entry_key = f"{prefix}:{{user:1}}"
@@ -123,7 +125,7 @@ async def test_put_get_roundtrip_and_hash_tagged_keys(
         b"v": b"0",
         b"d": b'{"name":"ann","tags":["a","b"]}',
     }
-    assert 299_000 < await redis_client.pttl(entry_key) <= 300_000
+    assert ttl_agrees(await redis_client.pttl(entry_key), 300_000, since=put_at)
     assert await cache.bump_version("user:1") == 1
     assert await redis_client.get(f"{prefix}:{{user:1}}:ver") == b"1"
     assert await cache.version("user:1") == 1
@@ -292,12 +294,15 @@ async def test_waiter_loads_itself_after_wait_timeout(
 ) -> None:
     lock_key = f"{prefix}:{{k}}:lock"
     await redis_client.set(lock_key, "someone-else", px=10_000)  # a stuck holder
-    cache = make_cache(wait_timeout=0.2)
+    wait_timeout = 0.2
+    cache = make_cache(wait_timeout=wait_timeout)
     loader = Counter("mine")
     loop = asyncio.get_running_loop()
     start = loop.time()
     assert await cache.get_or_load("k", loader) == "mine"
-    assert 0.2 <= loop.time() - start < 1.0
+    # it waited its wait_timeout, not for the stuck holder's lock (10 s) to expire
+    assert wait_timeout <= loop.time() - start
+    assert await redis_client.get(lock_key) == b"someone-else"
     assert loader.calls == 1
     assert await cache.get("k") == CacheEntry("mine", 0, True)
     assert await redis_client.get(lock_key) == b"someone-else"  # never released by a non-owner
@@ -376,15 +381,18 @@ async def test_invalidate_in_process_detaches_the_running_load(cache: Cache) -> 
 async def test_negative_caching_stores_a_tombstone(
     make_cache: Callable[..., Cache], redis_client: Redis
 ) -> None:
-    cache = make_cache(negative_ttl=0.2)
+    cache = make_cache(negative_ttl=5)  # long enough to outlive any load: expired by hand
     loader = Counter(None)
+    loaded_at = time.monotonic()
     assert await cache.get_or_load("missing", loader) is None
     assert await cache.get_or_load("missing", loader) is None
     assert loader.calls == 1
     assert (cache.hits, cache.misses) == (1, 1)
     assert await cache.get("missing") == CacheEntry(None, 0, True)
-    assert 0 < await redis_client.pttl(f"{cache.prefix}:{{missing}}") <= 200
-    await asyncio.sleep(0.3)
+    tombstone = f"{cache.prefix}:{{missing}}"
+    assert ttl_agrees(await redis_client.pttl(tombstone), 5000, since=loaded_at)
+    await redis_client.pexpire(tombstone, 1)  # as if its 5 s had passed
+    await asyncio.sleep(0.01)
     assert await cache.get_or_load("missing", loader) is None
     assert loader.calls == 2
 
@@ -423,16 +431,22 @@ async def test_failing_event_hook_does_not_break_lookups(
 
 
 async def test_ttl_expiry(cache: Cache, redis_client: Redis) -> None:
-    assert await cache.put("k", "short", ttl=0.15) is True
-    assert 0 < await redis_client.pttl(f"{cache.prefix}:{{k}}") <= 150
+    # TTLs long enough to outlive any load, checked as set, then made to pass by hand.
+    put_at = time.monotonic()
+    assert await cache.put("k", "short", ttl=5) is True
+    assert ttl_agrees(await redis_client.pttl(f"{cache.prefix}:{{k}}"), 5000, since=put_at)
     assert await cache.get("k") == CacheEntry("short", 0, True)
     loader = Counter("loaded")
-    assert await cache.get_or_load("j", loader, ttl=0.15) == "loaded"
-    assert await cache.get_or_load("j", loader, ttl=0.15) == "loaded"
+    loaded_at = time.monotonic()
+    assert await cache.get_or_load("j", loader, ttl=5) == "loaded"
+    assert await cache.get_or_load("j", loader, ttl=5) == "loaded"
     assert loader.calls == 1
-    await asyncio.sleep(0.25)
+    assert ttl_agrees(await redis_client.pttl(f"{cache.prefix}:{{j}}"), 5000, since=loaded_at)
+    for key in ("k", "j"):
+        await redis_client.pexpire(f"{cache.prefix}:{{{key}}}", 1)
+    await asyncio.sleep(0.01)
     assert await cache.get("k") == CacheEntry(None, 0, False)
-    assert await cache.get_or_load("j", loader, ttl=0.15) == "loaded"
+    assert await cache.get_or_load("j", loader, ttl=5) == "loaded"
     assert loader.calls == 2
 
 

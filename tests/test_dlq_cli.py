@@ -24,7 +24,7 @@ from redis.asyncio import Redis
 import aqw
 from aqw.brokers.redis import RedisBroker
 
-pytestmark = [pytest.mark.timeout(60), pytest.mark.redis]
+pytestmark = [pytest.mark.timeout(120), pytest.mark.redis]
 
 APP_SOURCE = '''
 """A small app for the dlq CLI tests: ``--app {module}:app``."""

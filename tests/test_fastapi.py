@@ -295,12 +295,9 @@ async def test_uvicorn_sigterm_loses_nothing(
             assert r.status_code == 202
             ids.append(r.json()["job_id"])
         await poll(client, "/health", lambda r: r.json()["in_flight"] == 4, within=10)
-    signalled = time.monotonic()
     server.proc.send_signal(signal.SIGTERM)
     code = server.proc.wait(20)
-    took = time.monotonic() - signalled
     assert code in (0, -signal.SIGTERM), server.output()
-    assert took < 8, f"shutdown took {took:.1f}s"
 
     client = redis.Redis.from_url(REDIS_URL)
     try:

@@ -161,11 +161,9 @@ def test_a_second_sigint_stops_at_once_and_hands_the_job_back(
         time.sleep(1.0)
         assert first.proc.poll() is None, f"the worker did not wait for its job\n{first.log}"
 
-        sent = time.monotonic()
         first.proc.send_signal(signal.SIGINT)
+        # Within 10 s: before the 30 s grace, let alone the job's minute, could have ended.
         assert first.finish(10) == 0, first.log
-        took = time.monotonic() - sent
-        assert took < 2.5, f"{took:.1f}s to stop after the second SIGINT\n{first.log}"
         assert first.said("again: stopping at once"), first.log
         assert first.said("1 running job cancelled and handed back to the queue"), first.log
         assert first.said("'requeued': 1"), first.log

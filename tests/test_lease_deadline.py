@@ -59,7 +59,6 @@ async def test_a_handler_blocked_past_its_lease_runs_no_statement_after_its_next
 async def test_a_body_that_swallows_cancellation_is_cancelled_until_it_exits() -> None:
     lease = aqw.Lease(MemoryLeaseBackend(), "k", ttl=0.2)
     swallowed = 0
-    started = time.monotonic()
     with pytest.raises(aqw.LeaseLost):
         async with lease:
             await lease.backend.release(lease.key, lease.token)  # someone deletes the key
@@ -70,8 +69,7 @@ async def test_a_body_that_swallows_cancellation_is_cancelled_until_it_exits() -
                     swallowed += 1
                     if swallowed >= 3:
                         raise
-    assert swallowed == 3
-    assert time.monotonic() - started < 2.0
+    assert swallowed == 3  # cancelled again after each swallow, until the body gave up
     task = asyncio.current_task()
     assert task is not None and task.cancelling() == 0  # every cancel was taken back
 

@@ -204,7 +204,7 @@ def test_the_supervisor_gives_up_when_no_worker_ever_reached_the_broker(
     subprocess_env: dict[str, str],
 ) -> None:
     dead = f"redis://127.0.0.1:{free_port()}/0"
-    code, took, stderr = run_aqw(
+    code, _, stderr = run_aqw(
         "--log-level",
         "WARNING",
         "worker",
@@ -216,7 +216,7 @@ def test_the_supervisor_gives_up_when_no_worker_ever_reached_the_broker(
         env=subprocess_env,
     )
     assert code == 1, stderr
-    assert took < 10, f"{took:.1f}s to give up"
+    # At once: no restart, no backoff ("restarting in" below); run_aqw's timeout bounds it.
     supervisor = [line for line in stderr.splitlines() if "aqw.supervisor" in line]
     assert len(supervisor) == 1, stderr
     assert "no worker could start (2 of 2 exited 1" in supervisor[0]
@@ -229,11 +229,12 @@ def test_the_supervisor_gives_up_when_no_worker_ever_reached_the_broker(
 
 def test_aqw_monitor_gives_up_on_a_dead_broker(subprocess_env: dict[str, str]) -> None:
     dead = f"redis://127.0.0.1:{free_port()}/0"
+    give_up_after = 2.0
     code, took, stderr = run_aqw(
-        "monitor", "--broker", dead, "--give-up-after", "2", env=subprocess_env
+        "monitor", "--broker", dead, "--give-up-after", str(give_up_after), env=subprocess_env
     )
     assert code == 1, stderr
-    assert took < 15, f"{took:.1f}s to give up"
+    assert took >= give_up_after, f"gave up after {took:.1f}s"  # it kept trying that long
     errors = [line for line in stderr.splitlines() if line.startswith("aqw: error:")]
     assert len(errors) == 1, stderr
     assert f"127.0.0.1:{dead.rsplit(':', 1)[1].split('/')[0]}" in errors[0]

@@ -96,19 +96,25 @@ async def test_an_abandoned_entry_is_reclaimed_after_its_own_lease_ttl(pair: Pai
     ttls = TTLs()
     await a.publish([Job(task="short", payload={"n": 1})])
     await a.publish([Job(task="long")])
+    taken = time.monotonic()  # before the delivery: its idle time counts from later
     short = await fetch_one(a)
-    long = await fetch_one(a)
-    taken = time.monotonic()  # ...and consumer a stops, settling neither
+    long = await fetch_one(a)  # ...and consumer a stops, settling neither
 
     assert await b.reclaim(10, ttls, ttls.min_idle) == []  # not idle for its TTL yet
     got = await reclaim_when_due(b, ttls, within=3.0)
     waited = time.monotonic() - taken
 
     assert [(d.id, d.data, d.delivery_count) for d in got] == [(short.id, short.data, 2)]
-    assert SHORT - 0.05 <= waited < 1.5, waited  # its own 0.2 s, not the 60 s of "long"
+    assert SHORT <= waited < LONG, waited  # its own 0.2 s, not the 60 s of "long"
     long_job = job_of(long)
-    assert long_job is not None and long_job in ttls.asked  # looked at, left for its own TTL
-    assert await b.reclaim(10, ttls, ttls.min_idle) == []  # b holds it now: not idle
+    assert long_job is not None
+    # Looked at once idle for the shortest TTL, and left for its own (under load it may have
+    # been delivered too late to be idle enough at the first reclaim: ask again after SHORT).
+    if long_job not in ttls.asked:
+        await asyncio.sleep(SHORT)
+        assert await b.reclaim(10, ttls, ttls.min_idle) == []
+    assert long_job in ttls.asked
+    assert await b.reclaim(10, ttls, ttls.min_idle) == []  # b holds short now: not idle
     assert not await a.keep_alive(short)  # no longer a's
     assert (await a.depth()).in_flight == 2
 

@@ -14,7 +14,6 @@ import contextlib
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -247,13 +246,12 @@ def test_without_waiting_a_worker_exits_at_once_with_one_line(
     subprocess_env: dict[str, str],
 ) -> None:
     dead = f"redis://127.0.0.1:{free_port()}/0"
-    started = time.monotonic()
     done = aqw_worker("outage_app:app", "--broker", dead, env=subprocess_env)
     _, stderr = done.communicate(timeout=30)
     assert done.returncode == 1, stderr
+    # One line, and no "waiting for the broker": it did not wait (communicate bounds the rest).
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("aqw: error: cannot reach the redis"), stderr
-    assert time.monotonic() - started < 20  # no waiting: the time it takes to start Python
 
     env = {**subprocess_env, "AQW_WAIT_FOR_BROKER": "1.5"}  # the variable, for a while only
     done = aqw_worker("outage_app:app", "--broker", dead, env=env)

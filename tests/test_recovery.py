@@ -151,7 +151,9 @@ async def test_a_killed_job_restarts_by_its_own_lease_ttl_and_a_live_long_job_is
 
         entries = await ledger()
         print(f"restart {restarted_after:.2f}s after the kill; long entry idle {long_idle:.2f}s")
-        assert restarted_after < 5.0, (
+        # by its own 2 s lease, not by the app's default 30 s one: half of that is a bound no
+        # loaded machine reaches, and no restart by the default could meet
+        assert restarted_after < 30.0 / 2, (
             f"the short job restarted {restarted_after:.2f}s after the kill (lease_ttl "
             f"{SHORT_TTL}s; the app's default is 30s)"
         )

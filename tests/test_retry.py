@@ -349,13 +349,11 @@ async def test_a_timed_out_handler_is_retried_and_never_acked(backend: Backend) 
     async def stuck() -> None:
         nonlocal runs, finished
         runs += 1
-        await asyncio.sleep(3)
+        await asyncio.sleep(3600)  # only the timeout ends it: else no dead letter in time
         finished += 1  # never reached: the timeout cancels the handler
 
     await stuck.enqueue()
-    started = time.monotonic()
     worker = await run_until(app, lambda w: w.stats.dead >= 1, "the dead letter")
-    assert time.monotonic() - started < 2.5
     assert (runs, finished) == (3, 0)
     s = worker.stats
     assert (s.processed, s.failed, s.retried, s.dead) == (0, 3, 2, 1)

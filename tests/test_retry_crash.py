@@ -110,6 +110,12 @@ async def test_a_worker_killed_mid_settle_loses_and_duplicates_nothing(
             proc.wait(timeout=10)
         log.close()
     assert proc.returncode == -signal.SIGKILL
+    # What was left of the dead worker's lease after the kill (read after it): recovery follows
+    # the job's own lease, so a rerun comes no sooner than that, however loaded the machine.
+    lease_left = 0.0
+    if when == "before":
+        lease_keys = [k async for k in raw.scan_iter(match=keys.lease("*"))]
+        lease_left = max([await raw.pttl(k) for k in lease_keys] + [0]) / 1000
     crashed_runs = (Path(f"{marker}.runs")).read_text().split()  # noqa: ASYNC240
     assert crashed_runs[0] == "1" and len(crashed_runs) == 2  # one run: attempt 1
 
@@ -121,8 +127,14 @@ async def test_a_worker_killed_mid_settle_loses_and_duplicates_nothing(
             0,
         )
     elif step == "retry":  # the next attempt is scheduled and the entry gone, in one step
-        assert at_crash == {"stream": 0, "pending": 0, "delayed": 1, "dlq": 0, "leases": 0}
-        [scheduled] = await raw.zrange(keys.delayed, 0, -1)
+        # Scheduled with a 10-20 ms backoff: the still-running worker may have promoted it
+        # to the stream before the snapshot (a loaded machine is slow to take it). Either
+        # way there is exactly one next attempt, and the delivered entry is gone.
+        assert (at_crash["pending"], at_crash["dlq"], at_crash["leases"]) == (0, 0, 0), at_crash
+        assert at_crash["stream"] + at_crash["delayed"] == 1, at_crash
+        delayed = await raw.zrange(keys.delayed, 0, -1)
+        promoted = [fields[b"j"] for _, fields in await raw.xrange(keys.stream)]
+        [scheduled] = delayed + promoted
         job = aqw.Job.decode(scheduled)
         assert (job.id, job.attempt) == (job_id, 2)
     else:
@@ -160,7 +172,7 @@ async def test_a_worker_killed_mid_settle_loses_and_duplicates_nothing(
     if mode == "retry-before":
         # the retry was never written: the same attempt runs again, after the reclaim idle time
         assert [(j, a) for j, a, _ in seen] == [(job_id, 1)]
-        assert seen[0][2] >= RECLAIM_IDLE - 0.3, seen
+        assert seen[0][2] >= lease_left - 0.005, (seen, lease_left)
         assert (s.processed, s.dead, s.retried) == (1, 0, 0)
         assert dead == []
     elif mode == "retry-after":

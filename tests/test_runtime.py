@@ -115,12 +115,10 @@ async def test_a_handler_past_its_timeout_is_never_acked(backend: Backend) -> No
     async def stuck() -> None:
         nonlocal runs
         runs += 1
-        await asyncio.sleep(5)
+        await asyncio.sleep(3600)  # only the timeout ends it: else the burst never ends
 
     await stuck.enqueue()
-    started = time.monotonic()
     worker = await run_burst(app)
-    assert time.monotonic() - started < 5
     assert runs == 2  # the first run and one retry, each cut at 0.2 s
     assert worker.stats.processed == 0
     assert (worker.stats.retried, worker.stats.dead) == (1, 1)
@@ -313,9 +311,7 @@ async def test_burst_mode_exits(backend: Backend) -> None:
     async def quick(n: int) -> None:
         done.append(n)
 
-    started = time.monotonic()
-    await run_burst(app, within=5)  # an empty queue
-    assert time.monotonic() - started < 3
+    await run_burst(app, within=10)  # an empty queue: it stops by itself
     await quick.enqueue_many(list(range(20)))
     await run_burst(app, within=10)
     assert sorted(done) == list(range(20))
@@ -372,16 +368,18 @@ async def test_a_live_holder_past_its_ttl_keeps_its_job(backend: Backend) -> Non
         async def long(ctx: aqw.Context) -> None:
             runs.append(ctx.worker.name)
             began.set()
-            await asyncio.sleep(2.5)  # 5x the lease ttl
+            await asyncio.sleep(3 * ttl)  # past its lease ttl three times over
 
-    first, second = backend.app(lease_ttl=0.5), backend.app(lease_ttl=0.5)
+    # A ttl a loaded machine's stalls fit in (renewals every ttl/3): 0.5 s lost its lease.
+    ttl = 1.0
+    first, second = backend.app(lease_ttl=ttl), backend.app(lease_ttl=ttl)
     register(first)
     register(second)
     await first.tasks["long"].enqueue()
     async with running(first.worker(concurrency=2)) as holder:
         await asyncio.wait_for(began.wait(), 5)
         async with running(second.worker(concurrency=2)) as other:
-            await eventually(lambda: holder.stats.processed == 1, 10, "the long job")
+            await eventually(lambda: holder.stats.processed == 1, 15, "the long job")
             await asyncio.sleep(0.5)
     assert runs == [holder.name]
     busy = other.stats

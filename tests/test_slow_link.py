@@ -29,7 +29,7 @@ from aqw._redis.batch import CommandBatcher
 from aqw.lease._keeper import MARGIN_TIMEOUTS, RenewalTimes
 from tests._helpers import REDIS_URL, eventually
 
-JOBS = 240
+JOBS = 120  # two rounds of CONCURRENCY: every slot renews over the stalling link
 CONCURRENCY = 60
 TTL = 2.0
 

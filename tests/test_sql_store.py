@@ -596,6 +596,7 @@ def _kill(proc: subprocess.Popen[str]) -> str:
     return err
 
 
+@pytest.mark.xdist_group("processes")  # see CONTRIBUTING.md: one at a time
 async def test_four_workers_and_a_forced_redelivery_of_every_job_each_effect_once(
     sql: Sql, queue: str
 ) -> None:
@@ -697,6 +698,7 @@ async def test_four_workers_and_a_forced_redelivery_of_every_job_each_effect_onc
         await raw.aclose()
 
 
+@pytest.mark.xdist_group("processes")  # see CONTRIBUTING.md: one at a time
 async def test_two_jobs_with_one_key_race_on_four_workers_one_effect(sql: Sql, queue: str) -> None:
     """Two different jobs per key (published around the enqueue dedup, as after its record
     expired) run at the same time on four workers: the SQL record and fence decide, so each

@@ -39,7 +39,7 @@ from tests._helpers import eventually
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
 
-FREEZES = 5
+FREEZES = 3  # again and again: each freeze is a fresh chance for a stale start
 FREEZE = 2.5  # seconds frozen: past the 1 s lease, and past the takeover after it
 GAP = 1.2  # seconds running between freezes
 #: Per round: plain, rate-limited, capped and debounced jobs.
@@ -76,6 +76,7 @@ async def stop_worker(proc: Proc) -> dict[str, int]:
     return stats
 
 
+@pytest.mark.xdist_group("processes")  # see CONTRIBUTING.md: one at a time
 async def test_a_worker_frozen_again_and_again_starts_nothing_that_ended(
     redis_url: str, queue_name: str, repo_root: Path, subprocess_env: dict[str, str], tmp_path: Path
 ) -> None:

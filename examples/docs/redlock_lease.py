@@ -19,7 +19,10 @@ URLS = [urlunsplit(urlsplit(REDIS_URL)._replace(path=f"/{db}")) for db in (0, 1,
 
 async def main() -> None:
     key = f"docs-redlock-{uuid.uuid4().hex[:8]}:customer:7"
-    async with RedlockBackend.from_urls(URLS) as backend:
+    # per_node_timeout: how long each server has to answer before it counts as a refusal. The
+    # default (50 ms) suits servers on a quiet network; on a busy machine give them longer
+    # (it must stay well below the ttl: the lease is valid for ttl minus the time it took).
+    async with RedlockBackend.from_urls(URLS, per_node_timeout=0.5) as backend:
         try:
             print("quorum", backend.quorum, "of", len(backend.clients))
             async with aqw.Lease(backend, key, ttl=2.0) as first:

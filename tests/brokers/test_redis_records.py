@@ -24,7 +24,7 @@ from aqw.brokers.redis import RedisBroker
 from aqw.errors import FenceCorrupted, JobCancelled, UnknownJob
 from aqw.lease import Lease
 from aqw.record import UNFINISHED_KEEP
-from tests._helpers import eventually
+from tests._helpers import eventually, ttl_agrees
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -427,10 +427,11 @@ async def test_renewal_moves_the_lease_expiry_and_a_lapsed_job_stays_running(kit
     key = b.job_lease_key(alive)
     backend = lease.backend
     await kit.raw.hset(b.keys.record(alive.id), "lease_expires_at", repr(time.time() - 100))
+    renewed_at = time.monotonic()
     assert await backend.renew(key, lease.token, 20_000) is True
     f = await kit.fields(alive.id)
     assert near(f["lease_expires_at"], time.time() + 20, 1.0)
-    assert await kit.raw.pttl(key) > 15_000
+    assert ttl_agrees(await kit.raw.pttl(key), 20_000, since=renewed_at)
     assert await backend.renew(key, "not-the-token", 20_000) is False
     assert near((await kit.fields(alive.id))["lease_expires_at"], time.time() + 20, 1.0)
     # its worker died: still running (its lease expiry in the past shows it orphaned)
@@ -550,9 +551,8 @@ async def test_waiting_for_an_ended_job_returns_at_once(kit: Kit) -> None:
     await b.publish([job(1)])
     delivery, j, lease = await start(b)
     assert await b.ack(delivery, j, lease, finish=Finish(result="7")) is True
-    started = time.monotonic()
+    # At once: nothing pushes an end that has happened, so a wait that listened would time out.
     info = await b.records.wait_finished(j.id, 5)
-    assert time.monotonic() - started < 1.0
     assert info.state == "succeeded" and info.result == 7
     assert not b.waiters.listening  # nothing to listen for
     with pytest.raises(UnknownJob):
@@ -563,10 +563,11 @@ async def test_a_wait_times_out_and_leaves_the_waiters_set(kit: Kit) -> None:
     b = kit.broker
     j = job(1)
     await b.publish([j])
+    timeout = 0.3
     started = time.monotonic()
     with pytest.raises(TimeoutError):
-        await b.records.wait_finished(j.id, 0.3)
-    assert 0.25 < time.monotonic() - started < 2.0
+        await b.records.wait_finished(j.id, timeout)
+    assert time.monotonic() - started >= timeout  # not before its time
     assert len(b.waiters) == 0
     # the best-effort SREM (sent without waiting) has left the set, so it is gone
     await eventually(_empty(kit, b.keys.waiters(j.id)), 2, "the waiters set to be left")
