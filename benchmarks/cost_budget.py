@@ -1,0 +1,288 @@
+"""A no-op job's cost, counted, against the budget in benchmarks/budget.toml.
+
+Starts a private redis-server on a free port (no persistence; stopped at the end), then in
+one interpreter counts, per job:
+
+* Redis commands for a single awaited enqueue, for ``enqueue_many`` and for the drain (one
+  burst worker, concurrency 100), exactly from ``INFO commandstats``: the commands a script
+  runs are counted as well as the script call itself;
+* the worker's Python function calls per drained job (``cProfile``'s call counts: Python
+  and C functions), deterministic whatever else runs on the machine;
+* informational only, never budgeted (they move with load): Redis CPU and worker CPU per job.
+
+Each figure is per job: the difference between a run of ``--jobs`` and one of a tenth of
+it, divided by the difference in jobs, so a worker's start and stop do not count. A figure
+more than ``margin`` (in the budget file) above its budget fails the check (exit 1); every
+figure is printed, with the commands by name. Runs in a few seconds.
+
+    python benchmarks/cost_budget.py [--jobs 2000] [--budget benchmarks/budget.toml] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import json
+import os
+import pstats
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PrivateRedis:
+    """A redis-server of this script's own, on a free port, gone when the script ends."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="aqw-cost-")
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise SystemExit("cost_budget: redis-server is not installed")
+        self.proc = subprocess.Popen(
+            [
+                exe,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.dir,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.stop()
+                raise SystemExit("cost_budget: the private redis-server did not start")
+            time.sleep(0.05)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Counters:
+    """INFO commandstats and Redis CPU, read before and after a step."""
+
+    def __init__(self, url: str) -> None:
+        import redis
+
+        self.client = redis.Redis.from_url(url)
+
+    def read(self) -> tuple[dict[str, int], float]:
+        stats = self.client.info("commandstats")
+        calls = {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+        cpu = self.client.info("cpu")
+        return calls, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+    def reset(self) -> None:
+        self.client.config_resetstat()
+
+
+# The commands of the measuring itself, never the job's.
+OWN = {"info", "config|resetstat", "config"}
+
+
+class Step:
+    """What one step cost Redis and this process: commands by name, calls, CPU."""
+
+    def __init__(self, commands: dict[str, int], calls: int, redis_cpu: float, cpu: float):
+        self.commands, self.calls, self.redis_cpu, self.cpu = commands, calls, redis_cpu, cpu
+
+    def per_job(self, small: Step, jobs: int) -> dict[str, Any]:
+        names = sorted(set(self.commands) | set(small.commands))
+        by_name = {n: (self.commands.get(n, 0) - small.commands.get(n, 0)) / jobs for n in names}
+        return {
+            "commands": sum(by_name.values()),
+            "by_command": {n: round(v, 3) for n, v in by_name.items() if abs(v) >= 0.001},
+            "calls": (self.calls - small.calls) / jobs,
+            "redis_cpu_us": (self.redis_cpu - small.redis_cpu) / jobs * 1e6,
+            "cpu_us": (self.cpu - small.cpu) / jobs * 1e6,
+        }
+
+
+def cpu_now() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+async def measure(counters: Counters, body: Callable[[], Awaitable[None]], profile: bool) -> Step:
+    counters.reset()
+    before, redis_before = counters.read()
+    prof = cProfile.Profile() if profile else None
+    began = cpu_now()
+    if prof is not None:
+        prof.enable()
+    try:
+        await body()
+    finally:
+        if prof is not None:
+            prof.disable()
+    cpu = cpu_now() - began
+    after, redis_after = counters.read()
+    commands = {
+        n: after.get(n, 0) - before.get(n, 0)
+        for n in after
+        if n not in OWN and after.get(n, 0) != before.get(n, 0)
+    }
+    calls = 0
+    if prof is not None:
+        calls = sum(v[1] for v in pstats.Stats(prof).stats.values())  # type: ignore[attr-defined]
+    return Step(commands, calls, redis_after - redis_before, cpu)
+
+
+async def steps(url: str, jobs: int, concurrency: int) -> dict[str, Step]:
+    """Enqueue (single, then many) and drain `jobs` no-op jobs in a queue of their own."""
+    import aqw
+
+    counters = Counters(url)
+    app = aqw.App(url, queue="cost-" + uuid.uuid4().hex[:8])
+
+    @app.task(name="noop")
+    async def noop(n: int) -> None:
+        return None
+
+    out: dict[str, Step] = {}
+
+    async def single() -> None:
+        for n in range(jobs):
+            await noop.enqueue(n)
+
+    async def many() -> None:
+        for start in range(0, jobs, 1000):
+            await noop.enqueue_many(list(range(start, min(jobs, start + 1000))))
+
+    async def drain() -> None:
+        async with app.worker(concurrency=concurrency, burst=True) as worker:
+            await asyncio.wait_for(worker.wait_stopped(), 120)
+        if worker.stats.processed != 2 * jobs:
+            raise SystemExit(f"cost_budget: drained {worker.stats.processed} of {2 * jobs}")
+
+    # warm the connection and the scripts first: a first call loads them
+    await noop.enqueue(-1)
+    await noop.enqueue_many([-2])
+    async with app.worker(concurrency=concurrency, burst=True) as warm:
+        await asyncio.wait_for(warm.wait_stopped(), 60)
+
+    out["enqueue"] = await measure(counters, single, profile=False)
+    out["enqueue_many"] = await measure(counters, many, profile=False)
+    out["drain"] = await measure(counters, drain, profile=True)
+    await app.close()
+    counters.client.close()
+    return out
+
+
+def run(url: str, jobs: int, concurrency: int) -> dict[str, dict[str, Any]]:
+    small_jobs = max(1, jobs // 10)
+    small = asyncio.run(steps(url, small_jobs, concurrency))
+    big = asyncio.run(steps(url, jobs, concurrency))
+    figures: dict[str, dict[str, Any]] = {}
+    for name in ("enqueue", "enqueue_many"):
+        figures[name] = big[name].per_job(small[name], jobs - small_jobs)
+    # the drain runs both enqueues' jobs
+    figures["drain"] = big["drain"].per_job(small["drain"], 2 * (jobs - small_jobs))
+    return figures
+
+
+def check(figures: dict[str, dict[str, Any]], budget: dict[str, Any]) -> list[str]:
+    margin = float(budget.get("margin", 0.05))
+    over = []
+    for step, limits in budget.items():
+        if not isinstance(limits, dict):
+            continue
+        for key, allowed in limits.items():
+            got = float(figures[step][key])
+            if got > float(allowed) * (1 + margin):
+                over.append(
+                    f"{step}.{key}: {got:.2f} per job, budget {allowed} (+{margin:.0%} margin)"
+                )
+    return over
+
+
+def show(figures: dict[str, dict[str, Any]], budget: dict[str, Any]) -> None:
+    for step, f in figures.items():
+        limits = budget.get(step, {})
+        line = f"{step:>13}: {f['commands']:6.2f} Redis commands/job"
+        if "commands" in limits:
+            line += f" (budget {limits['commands']})"
+        if step == "drain":
+            line += f", {f['calls']:7.1f} Python calls/job"
+            if "calls" in limits:
+                line += f" (budget {limits['calls']})"
+        line += f"; Redis CPU {f['redis_cpu_us']:.1f} us/job, this process {f['cpu_us']:.1f} us/job"
+        print(line)
+        print(" " * 15 + ", ".join(f"{n} {v:g}" for n, v in f["by_command"].items()))
+    print("               (CPU figures move with load and are not budgeted; the drain's CPU")
+    print("               is under the profiler)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--budget", type=Path, default=HERE / "budget.toml")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
+    args = parser.parse_args()
+    budget = tomllib.loads(args.budget.read_text()) if args.budget.exists() else {}
+    import aqw
+
+    print(f"cost_budget: aqw from {os.path.dirname(aqw.__file__)}, {args.jobs} jobs per step")
+    server = PrivateRedis()
+    try:
+        figures = run(server.url, args.jobs, args.concurrency)
+    finally:
+        server.stop()
+    show(figures, budget)
+    if args.json:
+        print(json.dumps(figures, indent=2))
+    over = check(figures, budget)
+    for line in over:
+        print(f"cost_budget: OVER BUDGET {line}")
+    if not over and budget:
+        print(f"cost_budget: within budget ({args.budget.name})")
+    return 1 if over else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
