@@ -98,3 +98,42 @@ async def test_fields_of_an_earlier_run_leave_the_record_at_start(kit: Kit) -> N
         fields = await kit.raw.hgetall(b.keys.record(j.id))
         assert fields[b"state"] == b"running"
         assert not {b"progress", b"message", b"run_at"} & set(fields), fields
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_start_after_a_takeover_not_yet_started_takes_nothing(
+    kind: str, queue_names: Callable[[], str]
+) -> None:
+    """A fresh queued record skips the pending-list check at start; a takeover marks the
+    record (reclaim.lua), so the earlier consumer's start, after another consumer claimed the
+    delivery but before that one started it, is still refused: nothing taken, no token."""
+    async with open_backend(kind, queue_names()) as backend:
+        a, b = backend.broker(), backend.broker()
+        assert isinstance(a, RedisBroker) and isinstance(b, RedisBroker)
+        raw = backend.raw
+        assert raw is not None
+        try:
+            for broker, name in ((a, "a"), (b, "b")):
+                await broker.connect()
+                await broker.start_consuming(name)
+            sent = aqw.Job(task="work", payload={"n": 1})
+            await a.publish([sent])
+            d = await a.fetch(1, block=1.0)
+            assert len(d) == 1
+            await asyncio.sleep(0.1)
+            [again] = await b.reclaim(10, lambda _: 0.05, 0.05)
+            assert again.id == d[0].id
+            assert await raw.hget(a.keys.record(sent.id), "claimed") == b"b"
+            stale = Lease(a.job_lease_backend(sent, None, d[0]), a.job_lease_key(sent), ttl=30)
+            with pytest.raises(aqw.errors.StaleStart):
+                await stale.acquire()
+            assert stale.fencing_token == 0
+            assert await raw.get(a.job_lease_key(sent)) is None
+            assert await raw.hget(a.keys.record(sent.id), "state") == b"queued"
+            # the consumer that claimed it starts it
+            mine = Lease(b.job_lease_backend(sent, None, again), b.job_lease_key(sent), ttl=30)
+            await mine.acquire()
+            assert mine.fencing_token == 1
+        finally:
+            await a.close()
+            await b.close()
