@@ -7,7 +7,9 @@ one interpreter counts, per job:
   burst worker, concurrency 100), exactly from ``INFO commandstats``: the commands a script
   runs are counted as well as the script call itself;
 * the worker's Python function calls per drained job (``cProfile``'s call counts: Python
-  and C functions), deterministic whatever else runs on the machine;
+  and C functions, on the event loop's thread), deterministic whatever else runs on the
+  machine; once as an embedded worker (logging not configured: no line written) and once
+  with logging set up as ``aqw worker`` sets it up (``drain_logged``: a line per job);
 * informational only, never budgeted (they move with load): Redis CPU and worker CPU per job.
 
 Each figure is per job: the difference between a run of ``--jobs`` and one of a tenth of
@@ -22,8 +24,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import json
+import logging
 import os
 import pstats
 import resource
@@ -35,7 +39,7 @@ import tempfile
 import time
 import tomllib
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +176,27 @@ async def measure(counters: Counters, body: Callable[[], Awaitable[None]], profi
     return Step(commands, calls, redis_after - redis_before, cpu)
 
 
+@contextlib.contextmanager
+def cli_logging() -> Iterator[None]:
+    """Logging as ``aqw worker`` configures it (INFO, text lines), written to /dev/null;
+    the root logger put back afterwards."""
+    from aqw.cli._logs import configure_logging, flush_logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    with open(os.devnull, "w") as sink:
+        configure_logging("info", "text", stream=sink, force=True, background=True)
+        try:
+            yield
+        finally:
+            flush_logging()
+            for handler in list(root.handlers):
+                if handler not in handlers:
+                    root.removeHandler(handler)
+                    handler.close()
+            root.setLevel(level)
+
+
 async def steps(url: str, jobs: int, concurrency: int) -> dict[str, Step]:
     """Enqueue (single, then many) and drain `jobs` no-op jobs in a queue of their own."""
     import aqw
@@ -208,6 +233,11 @@ async def steps(url: str, jobs: int, concurrency: int) -> dict[str, Step]:
     out["enqueue"] = await measure(counters, single, profile=False)
     out["enqueue_many"] = await measure(counters, many, profile=False)
     out["drain"] = await measure(counters, drain, profile=True)
+    # the same drain with logging set up as ``aqw worker`` sets it up: a line per job
+    await single()
+    await many()
+    with cli_logging():
+        out["drain_logged"] = await measure(counters, drain, profile=True)
     await app.close()
     counters.client.close()
     return out
@@ -220,8 +250,9 @@ def run(url: str, jobs: int, concurrency: int) -> dict[str, dict[str, Any]]:
     figures: dict[str, dict[str, Any]] = {}
     for name in ("enqueue", "enqueue_many"):
         figures[name] = big[name].per_job(small[name], jobs - small_jobs)
-    # the drain runs both enqueues' jobs
-    figures["drain"] = big["drain"].per_job(small["drain"], 2 * (jobs - small_jobs))
+    # each drain runs both enqueues' jobs
+    for name in ("drain", "drain_logged"):
+        figures[name] = big[name].per_job(small[name], 2 * (jobs - small_jobs))
     return figures
 
 
@@ -246,7 +277,7 @@ def show(figures: dict[str, dict[str, Any]], budget: dict[str, Any]) -> None:
         line = f"{step:>13}: {f['commands']:6.2f} Redis commands/job"
         if "commands" in limits:
             line += f" (budget {limits['commands']})"
-        if step == "drain":
+        if step.startswith("drain"):
             line += f", {f['calls']:7.1f} Python calls/job"
             if "calls" in limits:
                 line += f" (budget {limits['calls']})"
