@@ -18,6 +18,7 @@ more than ``margin`` (in the budget file) above its budget fails the check (exit
 figure is printed, with the commands by name. Runs in a few seconds.
 
     python benchmarks/cost_budget.py [--jobs 2000] [--budget benchmarks/budget.toml] [--json]
+    python benchmarks/cost_budget.py --against /tmp/aqw-before   # two trees side by side
 """
 
 from __future__ import annotations
@@ -180,12 +181,18 @@ async def measure(counters: Counters, body: Callable[[], Awaitable[None]], profi
 def cli_logging() -> Iterator[None]:
     """Logging as ``aqw worker`` configures it (INFO, text lines), written to /dev/null;
     the root logger put back afterwards."""
-    from aqw.cli._logs import configure_logging, flush_logging
+    from aqw.cli import _logs
+
+    configure_logging = _logs.configure_logging
+    flush_logging = getattr(_logs, "flush_logging", lambda: None)
 
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     with open(os.devnull, "w") as sink:
-        configure_logging("info", "text", stream=sink, force=True, background=True)
+        try:
+            configure_logging("info", "text", stream=sink, force=True, background=True)
+        except TypeError:  # a tree from before background logging
+            configure_logging("info", "text", stream=sink, force=True)
         try:
             yield
         finally:
@@ -288,22 +295,82 @@ def show(figures: dict[str, dict[str, Any]], budget: dict[str, Any]) -> None:
     print("               is under the profiler)")
 
 
+def figures_of(tree: Path, jobs: int, concurrency: int) -> dict[str, dict[str, Any]]:
+    """The figures of another source tree, counted by this script in a fresh interpreter
+    with ``PYTHONPATH`` set to the tree (``python -P``: the current directory is not put
+    first on ``sys.path``)."""
+    env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
+    out = subprocess.run(
+        [sys.executable, "-P", __file__, "--jobs", str(jobs), "--concurrency", str(concurrency),
+         "--budget", os.devnull, "--json-only", "--tree", str(tree.resolve())],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    if out.returncode != 0:
+        raise SystemExit(f"cost_budget: the run of {tree} failed:\n{out.stderr[-2000:]}")
+    figures: dict[str, dict[str, Any]] = json.loads(out.stdout)
+    return figures
+
+
+def side_by_side(
+    before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]], a: str, b: str
+) -> None:
+    """A markdown table of two trees' figures."""
+    print(f"| per job | {a} | {b} |")
+    print("| --- | ---: | ---: |")
+    rows = [
+        ("enqueue", "commands", "Redis commands, single awaited enqueue", "{:.2f}"),
+        ("enqueue_many", "commands", "Redis commands, `enqueue_many`", "{:.2f}"),
+        ("drain", "commands", "Redis commands, drain", "{:.2f}"),
+        ("drain", "calls", "Python calls on the loop, drain (logging not set up)", "{:.1f}"),
+        ("drain_logged", "calls", "Python calls on the loop, drain, aqw worker logging", "{:.1f}"),
+        ("drain", "redis_cpu_us", "Redis CPU us, drain (moves with load)", "{:.1f}"),
+    ]  # fmt: skip
+    for step, key, label, form in rows:
+        cells = [form.format(f[step][key]) if step in f else "-" for f in (before, after)]
+        print(f"| {label} | {cells[0]} | {cells[1]} |")
+    for name, f in (("before", before), ("after", after)):
+        by = ", ".join(f"{n} {v:g}" for n, v in f["drain"]["by_command"].items())
+        print(f"\n{name}, drain commands per job: {by}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--budget", type=Path, default=HERE / "budget.toml")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
+    parser.add_argument(
+        "--against",
+        type=Path,
+        help="another source tree (e.g. the commit before a change): both trees' figures "
+        "side by side, as a markdown table; no budget check",
+    )
+    parser.add_argument("--json-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--tree", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    budget = tomllib.loads(args.budget.read_text()) if args.budget.exists() else {}
+    budget = {}
+    if args.budget.is_file() and args.budget.stat().st_size:
+        budget = tomllib.loads(args.budget.read_text())
     import aqw
 
-    print(f"cost_budget: aqw from {os.path.dirname(aqw.__file__)}, {args.jobs} jobs per step")
+    if args.tree is not None and not aqw.__file__.startswith(str(args.tree)):
+        raise SystemExit(f"cost_budget: imported {aqw.__file__}, not the tree {args.tree}")
+    if args.against is not None:
+        here = Path(aqw.__file__).resolve().parent.parent
+        before = figures_of(args.against, args.jobs, args.concurrency)
+        after = figures_of(here, args.jobs, args.concurrency)
+        side_by_side(before, after, str(args.against), str(here))
+        return 0
+    if not args.json_only:
+        print(f"cost_budget: aqw from {os.path.dirname(aqw.__file__)}, {args.jobs} jobs per step")
     server = PrivateRedis()
     try:
         figures = run(server.url, args.jobs, args.concurrency)
     finally:
         server.stop()
+    if args.json_only:
+        print(json.dumps(figures))
+        return 0
     show(figures, budget)
     if args.json:
         print(json.dumps(figures, indent=2))
