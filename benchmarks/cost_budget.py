@@ -9,7 +9,9 @@ one interpreter counts, per job:
 * the worker's Python function calls per drained job (``cProfile``'s call counts: Python
   and C functions, on the event loop's thread), deterministic whatever else runs on the
   machine; once as an embedded worker (logging not configured: no line written) and once
-  with logging set up as ``aqw worker`` sets it up (``drain_logged``: a line per job);
+  with logging set up as ``aqw worker`` sets it up (``drain_logged``: a line per job),
+  and, with ``--telemetry``, traced with every job sampled out (``drain_unsampled``) and
+  in (``drain_sampled``);
 * informational only, never budgeted (they move with load): Redis CPU and worker CPU per job.
 
 Each figure is per job: the difference between a run of ``--jobs`` and one of a tenth of
@@ -17,7 +19,7 @@ it, divided by the difference in jobs, so a worker's start and stop do not count
 more than ``margin`` (in the budget file) above its budget fails the check (exit 1); every
 figure is printed, with the commands by name. Runs in a few seconds.
 
-    python benchmarks/cost_budget.py [--jobs 2000] [--budget benchmarks/budget.toml] [--json]
+    python benchmarks/cost_budget.py [--jobs 1000] [--telemetry] [--budget FILE] [--json]
     python benchmarks/cost_budget.py --against /tmp/aqw-before   # two trees side by side
 """
 
@@ -41,6 +43,7 @@ import time
 import tomllib
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -204,7 +207,27 @@ def cli_logging() -> Iterator[None]:
             root.setLevel(level)
 
 
-async def steps(url: str, jobs: int, concurrency: int) -> dict[str, Step]:
+def traced_app(queue: str, url: str, sampled: bool) -> Any:
+    """An app on ``queue`` whose tracer provider samples every job in (``sampled``) or out,
+    with the no-op task; None without the OpenTelemetry SDK."""
+    import aqw
+
+    try:
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
+    except ImportError:
+        return None
+    provider = TracerProvider(sampler=ALWAYS_ON if sampled else ALWAYS_OFF)
+    app = aqw.App(url, queue=queue, tracer_provider=provider)
+
+    @app.task(name="noop")
+    async def noop(n: int) -> None:
+        return None
+
+    return app
+
+
+async def steps(url: str, jobs: int, concurrency: int, telemetry: bool = False) -> dict[str, Step]:
     """Enqueue (single, then many) and drain `jobs` no-op jobs in a queue of their own."""
     import aqw
 
@@ -225,8 +248,8 @@ async def steps(url: str, jobs: int, concurrency: int) -> dict[str, Step]:
         for start in range(0, jobs, 1000):
             await noop.enqueue_many(list(range(start, min(jobs, start + 1000))))
 
-    async def drain() -> None:
-        async with app.worker(concurrency=concurrency, burst=True) as worker:
+    async def drain(by: aqw.App = app) -> None:
+        async with by.worker(concurrency=concurrency, burst=True) as worker:
             await asyncio.wait_for(worker.wait_stopped(), 120)
         if worker.stats.processed != 2 * jobs:
             raise SystemExit(f"cost_budget: drained {worker.stats.processed} of {2 * jobs}")
@@ -245,21 +268,32 @@ async def steps(url: str, jobs: int, concurrency: int) -> dict[str, Step]:
     await many()
     with cli_logging():
         out["drain_logged"] = await measure(counters, drain, profile=True)
+    # and traced: every job sampled out, then every job sampled (spans made, none exported:
+    # the SDK's own floor); each by a worker of an app with that tracer provider
+    for name, sampled in (("drain_unsampled", False), ("drain_sampled", True)):
+        traced = traced_app(app.queue, url, sampled) if telemetry else None
+        if traced is None:
+            break
+        await single()
+        await many()
+        out[name] = await measure(counters, partial(drain, traced), profile=True)
+        await traced.close()
     await app.close()
     counters.client.close()
     return out
 
 
-def run(url: str, jobs: int, concurrency: int) -> dict[str, dict[str, Any]]:
+def run(url: str, jobs: int, concurrency: int, telemetry: bool) -> dict[str, dict[str, Any]]:
     small_jobs = max(1, jobs // 10)
-    small = asyncio.run(steps(url, small_jobs, concurrency))
-    big = asyncio.run(steps(url, jobs, concurrency))
+    small = asyncio.run(steps(url, small_jobs, concurrency, telemetry))
+    big = asyncio.run(steps(url, jobs, concurrency, telemetry))
     figures: dict[str, dict[str, Any]] = {}
     for name in ("enqueue", "enqueue_many"):
         figures[name] = big[name].per_job(small[name], jobs - small_jobs)
     # each drain runs both enqueues' jobs
-    for name in ("drain", "drain_logged"):
-        figures[name] = big[name].per_job(small[name], 2 * (jobs - small_jobs))
+    for name in ("drain", "drain_logged", "drain_unsampled", "drain_sampled"):
+        if name in big:
+            figures[name] = big[name].per_job(small[name], 2 * (jobs - small_jobs))
     return figures
 
 
@@ -295,14 +329,17 @@ def show(figures: dict[str, dict[str, Any]], budget: dict[str, Any]) -> None:
     print("               is under the profiler)")
 
 
-def figures_of(tree: Path, jobs: int, concurrency: int) -> dict[str, dict[str, Any]]:
+def figures_of(
+    tree: Path, jobs: int, concurrency: int, telemetry: bool
+) -> dict[str, dict[str, Any]]:
     """The figures of another source tree, counted by this script in a fresh interpreter
     with ``PYTHONPATH`` set to the tree (``python -P``: the current directory is not put
     first on ``sys.path``)."""
     env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
     out = subprocess.run(
         [sys.executable, "-P", __file__, "--jobs", str(jobs), "--concurrency", str(concurrency),
-         "--budget", os.devnull, "--json-only", "--tree", str(tree.resolve())],
+         "--budget", os.devnull, "--json-only", "--tree", str(tree.resolve()),
+         *(["--telemetry"] if telemetry else [])],
         env=env, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     if out.returncode != 0:
@@ -323,6 +360,8 @@ def side_by_side(
         ("drain", "commands", "Redis commands, drain", "{:.2f}"),
         ("drain", "calls", "Python calls on the loop, drain (logging not set up)", "{:.1f}"),
         ("drain_logged", "calls", "Python calls on the loop, drain, aqw worker logging", "{:.1f}"),
+        ("drain_unsampled", "calls", "Python calls on the loop, traced, sampled out", "{:.1f}"),
+        ("drain_sampled", "calls", "Python calls on the loop, traced, sampled", "{:.1f}"),
         ("drain", "redis_cpu_us", "Redis CPU us, drain (moves with load)", "{:.1f}"),
     ]  # fmt: skip
     for step, key, label, form in rows:
@@ -335,7 +374,10 @@ def side_by_side(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument(
+        "--telemetry", action="store_true", help="also drain traced, sampled out and in"
+    )
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--budget", type=Path, default=HERE / "budget.toml")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
@@ -357,15 +399,15 @@ def main() -> int:
         raise SystemExit(f"cost_budget: imported {aqw.__file__}, not the tree {args.tree}")
     if args.against is not None:
         here = Path(aqw.__file__).resolve().parent.parent
-        before = figures_of(args.against, args.jobs, args.concurrency)
-        after = figures_of(here, args.jobs, args.concurrency)
+        before = figures_of(args.against, args.jobs, args.concurrency, args.telemetry)
+        after = figures_of(here, args.jobs, args.concurrency, args.telemetry)
         side_by_side(before, after, str(args.against), str(here))
         return 0
     if not args.json_only:
         print(f"cost_budget: aqw from {os.path.dirname(aqw.__file__)}, {args.jobs} jobs per step")
     server = PrivateRedis()
     try:
-        figures = run(server.url, args.jobs, args.concurrency)
+        figures = run(server.url, args.jobs, args.concurrency, args.telemetry)
     finally:
         server.stop()
     if args.json_only:
