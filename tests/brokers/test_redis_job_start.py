@@ -137,3 +137,26 @@ async def test_a_start_after_a_takeover_not_yet_started_takes_nothing(
         finally:
             await a.close()
             await b.close()
+
+
+async def test_a_job_published_again_gets_a_fresh_record_and_a_new_one_costs_no_del(
+    kit: Kit,
+) -> None:
+    """A fresh record is one HSET (no DEL first); a record already there (the same job
+    published again, after a run) is replaced whole, alone or in a batch."""
+    b = kit.broker
+    lone, pair = aqw.Job(task="work", payload={"n": 1}), aqw.Job(task="work", payload={"n": 2})
+    await b.publish([lone])
+    await b.publish([pair, aqw.Job(task="work", payload={"n": 3})])
+    fresh = await kit.raw.hgetall(b.keys.record(lone.id))
+    assert fresh[b"state"] == b"queued" and b"cancel" not in fresh
+    for job in (lone, pair):
+        rec = b.keys.record(job.id)
+        await kit.raw.hset(rec, mapping={"state": "succeeded", "cancel": "1", "result": "9"})
+    await b.publish([lone])
+    await b.publish([pair, aqw.Job(task="work", payload={"n": 4})])
+    for job in (lone, pair):
+        fields = await kit.raw.hgetall(b.keys.record(job.id))
+        assert fields[b"state"] == b"queued", fields
+        assert not {b"cancel", b"result"} & set(fields), fields
+        assert await kit.raw.pttl(b.keys.record(job.id)) > 0
