@@ -516,3 +516,40 @@ def test_the_stop_summary_says_each_count_once() -> None:
         == "1 succeeded, 2 retried, 1 dead-lettered, 1 handed back; 3 failed attempts in all"
     )
     assert aqw.WorkerStats().summary() == "0 succeeded"
+
+
+@pytest.mark.usefixtures("root_logging")
+def test_background_lines_are_the_same_lines_written_by_a_thread_in_order() -> None:
+    """``aqw`` commands write their lines from a thread of their own: the same text as
+    written directly, in the order logged, each with its arguments as they were when logged;
+    ``flush_logging`` writes what is queued, and later lines are written directly again."""
+    from aqw.cli._logs import Background, Deferred, flush_logging
+
+    direct, queued = io.StringIO(), io.StringIO()
+    log = logging.getLogger("aqw.worker")
+    fields = {"job_id": "j1", "task": "t", "attempt": 2}
+
+    def lines() -> None:
+        for n in range(50):
+            log.info("job j1 (t) attempt 2 succeeded in %.1f ms", n / 10, extra=fields)
+        items = ["before"]
+        log.warning("items %s", items)  # changed after the call: logged as it was
+        items.append("after")
+
+    configure_logging("info", "text", stream=direct, force=True)
+    lines()
+    configure_logging("info", "text", stream=queued, force=True, background=True)
+    [handler] = [h for h in logging.getLogger().handlers if h.get_name() == HANDLER_NAME]
+    assert isinstance(handler, Deferred)
+    assert Background.current is not None and not logging.logThreads  # none shown
+    lines()
+    flush_logging()
+    assert Background.current is None
+    strip = re.compile(r"^\S+ \S+ ", re.M)  # the time may differ
+    assert strip.sub("", queued.getvalue()) == strip.sub("", direct.getvalue())
+    assert queued.getvalue().count("\n") == 51 and "items ['before']" in queued.getvalue()
+    assert "job=j1 task=t attempt=2 succeeded in 4.9 ms" in queued.getvalue()
+    # flushed: records carry their thread again, and are written directly
+    assert logging.logThreads and logging.getLogger().handlers[-1].get_name() == HANDLER_NAME
+    log.warning("late")
+    assert queued.getvalue().endswith("WARNING aqw.worker late\n")

@@ -352,7 +352,7 @@ async def test_the_reclaim_script_checks_the_lease_and_idle_time_atomically(
         k = broker.keys
         await raw.set(broker.job_lease_key(jobs[0]), "held", px=60_000)
         script = _scripts.load("reclaim")
-        keys = [k.stream, *(broker.job_lease_key(j) for j in jobs)]
+        keys = [k.stream, *(broker.job_lease_key(j) for j in jobs), *(k.record(j.id) for j in jobs)]
         argv: list[Any] = [
             GROUP,
             "b",
@@ -371,6 +371,10 @@ async def test_the_reclaim_script_checks_the_lease_and_idle_time_atomically(
         pending = await raw.xpending_range(k.stream, GROUP, "-", "+", 10)
         owners = {p["message_id"].decode(): p["consumer"].decode() for p in pending}
         assert owners == {taken[0].id: "a", taken[1].id: "a", taken[2].id: "b"}
+        # the claimed job's record says who claimed it (job_start.lua then checks the
+        # pending list for its earlier consumer); the others are left as they were
+        claims = [await raw.hget(k.record(j.id), "claimed") for j in jobs]
+        assert claims == [None, None, b"b"]
     finally:
         await broker.close()
 

@@ -8,7 +8,7 @@ slot of its own.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .._text import quoted
 from ..errors import ConfigError
@@ -23,12 +23,16 @@ class QueueKeys:
 
     queue: str
     partition: int | None = None
+    #: ``aqw:{queue}`` (``aqw:{queue:i}`` for a partition): every key starts so. Made once:
+    #: per-job key names are built from it on the job path.
+    tag: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def tag(self) -> str:
+    def __post_init__(self) -> None:
         if self.partition is None:
-            return f"{PREFIX}:{{{self.queue}}}"
-        return f"{PREFIX}:{{{self.queue}:{self.partition}}}"
+            tag = f"{PREFIX}:{{{self.queue}}}"
+        else:
+            tag = f"{PREFIX}:{{{self.queue}:{self.partition}}}"
+        object.__setattr__(self, "tag", tag)
 
     @property
     def stream(self) -> str:

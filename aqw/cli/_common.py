@@ -305,7 +305,7 @@ def setup_logging(level: str, *, fmt: str | None = None) -> None:
     if fmt is None:
         fmt = (os.environ.get("AQW_LOG_FORMAT") or "text").strip().lower()
     try:
-        configure_logging(level, fmt)
+        configure_logging(level, fmt, background=True)  # lines written off the event loop
     except ValueError as exc:
         raise CliError(str(exc)) from None
 

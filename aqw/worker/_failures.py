@@ -150,8 +150,12 @@ class RunawayGuard:
         if runs is None:
             runs = self._runs[task] = _Window()
         now = self._clock()
-        runs.add(now, retried)
-        runs.trim(now - self.window)
+        events = runs.events  # runs.add and runs.trim, inline: this runs once per job
+        events.append((now, retried))
+        runs.retried += retried
+        horizon = now - self.window
+        while events and events[0][0] < horizon:
+            runs.retried -= events.popleft()[1]
         last = self._warned.get(task)
         if retried and self.running_away(task) and (last is None or now - last > self.window):
             self._warned[task] = now

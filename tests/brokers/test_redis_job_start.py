@@ -98,3 +98,65 @@ async def test_fields_of_an_earlier_run_leave_the_record_at_start(kit: Kit) -> N
         fields = await kit.raw.hgetall(b.keys.record(j.id))
         assert fields[b"state"] == b"running"
         assert not {b"progress", b"message", b"run_at"} & set(fields), fields
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_start_after_a_takeover_not_yet_started_takes_nothing(
+    kind: str, queue_names: Callable[[], str]
+) -> None:
+    """A fresh queued record skips the pending-list check at start; a takeover marks the
+    record (reclaim.lua), so the earlier consumer's start, after another consumer claimed the
+    delivery but before that one started it, is still refused: nothing taken, no token."""
+    async with open_backend(kind, queue_names()) as backend:
+        a, b = backend.broker(), backend.broker()
+        assert isinstance(a, RedisBroker) and isinstance(b, RedisBroker)
+        raw = backend.raw
+        assert raw is not None
+        try:
+            for broker, name in ((a, "a"), (b, "b")):
+                await broker.connect()
+                await broker.start_consuming(name)
+            sent = aqw.Job(task="work", payload={"n": 1})
+            await a.publish([sent])
+            d = await a.fetch(1, block=1.0)
+            assert len(d) == 1
+            await asyncio.sleep(0.1)
+            [again] = await b.reclaim(10, lambda _: 0.05, 0.05)
+            assert again.id == d[0].id
+            assert await raw.hget(a.keys.record(sent.id), "claimed") == b"b"
+            stale = Lease(a.job_lease_backend(sent, None, d[0]), a.job_lease_key(sent), ttl=30)
+            with pytest.raises(aqw.errors.StaleStart):
+                await stale.acquire()
+            assert stale.fencing_token == 0
+            assert await raw.get(a.job_lease_key(sent)) is None
+            assert await raw.hget(a.keys.record(sent.id), "state") == b"queued"
+            # the consumer that claimed it starts it
+            mine = Lease(b.job_lease_backend(sent, None, again), b.job_lease_key(sent), ttl=30)
+            await mine.acquire()
+            assert mine.fencing_token == 1
+        finally:
+            await a.close()
+            await b.close()
+
+
+async def test_a_job_published_again_gets_a_fresh_record_and_a_new_one_costs_no_del(
+    kit: Kit,
+) -> None:
+    """A fresh record is one HSET (no DEL first); a record already there (the same job
+    published again, after a run) is replaced whole, alone or in a batch."""
+    b = kit.broker
+    lone, pair = aqw.Job(task="work", payload={"n": 1}), aqw.Job(task="work", payload={"n": 2})
+    await b.publish([lone])
+    await b.publish([pair, aqw.Job(task="work", payload={"n": 3})])
+    fresh = await kit.raw.hgetall(b.keys.record(lone.id))
+    assert fresh[b"state"] == b"queued" and b"cancel" not in fresh
+    for job in (lone, pair):
+        rec = b.keys.record(job.id)
+        await kit.raw.hset(rec, mapping={"state": "succeeded", "cancel": "1", "result": "9"})
+    await b.publish([lone])
+    await b.publish([pair, aqw.Job(task="work", payload={"n": 4})])
+    for job in (lone, pair):
+        fields = await kit.raw.hgetall(b.keys.record(job.id))
+        assert fields[b"state"] == b"queued", fields
+        assert not {b"cancel", b"result"} & set(fields), fields
+        assert await kit.raw.pttl(b.keys.record(job.id)) > 0

@@ -24,6 +24,25 @@ end
 if not ms(keep, 1) or not ms(due, 0) or (#ARGV - 6) % 4 ~= 0 then
   return redis.error_reply('ERR aqw enqueue: bad record ttl, due time or job count; nothing written')
 end
+-- The record's fields but its task and enqueue time, the same for every job of the call.
+local fields = {'state', run_at ~= '' and 'delayed' or 'queued', 'attempts', '0'}
+if run_at ~= '' then
+  fields[#fields + 1], fields[#fields + 2] = 'run_at', run_at
+end
+if expires ~= '' then
+  fields[#fields + 1], fields[#fields + 2] = 'expires_at', expires
+end
+if key ~= '' then
+  fields[#fields + 1], fields[#fields + 2] = 'key', key
+end
+local n = #fields / 2 + 2
+-- A fresh record is one HSET: HSET answers how many fields it added, so a record that was
+-- already there (the same job published again) is told apart without a read, and only then
+-- written again from nothing.
+local function write(rec, a)
+  return redis.call('HSET', rec, 'task', ARGV[a + 2], 'enqueued_at', ARGV[a + 3],
+    unpack(fields))
+end
 local out = {}
 for a = 7, #ARGV, 4 do
   local rec = prefix .. 'job:' .. ARGV[a + 1]
@@ -32,17 +51,10 @@ for a = 7, #ARGV, 4 do
   else
     redis.call('XADD', KEYS[1], '*', 'j', ARGV[a])
   end
-  redis.call('DEL', rec)
-  redis.call('HSET', rec, 'state', run_at ~= '' and 'delayed' or 'queued', 'task', ARGV[a + 2],
-    'attempts', '0', 'enqueued_at', ARGV[a + 3])
-  if run_at ~= '' then
-    redis.call('HSET', rec, 'run_at', run_at)
-  end
-  if expires ~= '' then
-    redis.call('HSET', rec, 'expires_at', expires)
-  end
-  if key ~= '' then
-    redis.call('HSET', rec, 'key', key)
+  local ok, added = pcall(write, rec, a)
+  if not ok or added < n then  -- an earlier record (or a damaged key): replace it
+    redis.call('DEL', rec)
+    write(rec, a)
   end
   redis.call('PEXPIRE', rec, keep)
   out[#out + 1] = 1

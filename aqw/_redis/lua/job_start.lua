@@ -48,7 +48,10 @@
 --   (concurrency key, most holders)
 -- The counter is read once and written once (INCRBY of the tokens handed out), and the fields
 -- of an earlier wait or run are deleted only when the record has one: per job, the work is
--- the few commands the job's own keys need.
+-- the few commands the job's own keys need. A plain job's start is three commands: HMGET of
+-- its record, SET of its lease, HSET of its record (whose TTL, set at enqueue and moved on by
+-- job_renew.lua, is only set here for a record this step creates); the delivery is checked
+-- with XPENDING only when the record is not a fresh, unclaimed queued one (see below).
 -- Returns one reply per job: its fencing token, 0 when its lease is held by another token,
 -- -1 when the job was cancelled, -2 when its entry is not pending to this consumer, -3 when
 -- its record has ended, {'rate_limit', microseconds until its turn} or
@@ -132,13 +135,16 @@ local function start_all()
     end
     a = a + 1 + tonumber(m)
     local lease, rec = prefix .. 'lease:' .. job, prefix .. 'job:' .. job
+    local cur = redis.pcall('HMGET', rec, 'state', 'cancel', 'progress', 'message', 'run_at',
+      'claimed')
+    local damaged = cur.err ~= nil
+    -- The delivery is checked against the stream's pending list only when the record is not
+    -- fresh: a queued record no other consumer claimed (reclaim.lua marks it when it takes a
+    -- delivery over) has no other live delivery than the one this consumer read.
     local live, stream = true, nil
-    if entry ~= '-' then
+    if entry ~= '-' and (damaged or cur[1] ~= 'queued' or (cur[6] and cur[6] ~= worker)) then
       live, stream = pending(level, entry)
     end
-    local cur = live and redis.pcall('HMGET', rec, 'state', 'cancel', 'progress', 'message',
-      'run_at') or {}
-    local damaged = cur.err ~= nil
     local cancelled = not damaged and (cur[1] == 'cancelled' or cur[2] == '1')
     local ended = live and not damaged and not cancelled and final[cur[1]] == true
     local held, taken = false, false
@@ -214,7 +220,9 @@ local function start_all()
           if cur[3] or cur[4] or cur[5] then  -- of an earlier wait or run
             redis.call('HDEL', rec, 'progress', 'message', 'run_at')
           end
-          redis.call('PEXPIRE', rec, keep)
+          if not cur[1] then  -- a record written here: it lives as long as an unfinished one
+            redis.call('PEXPIRE', rec, keep)
+          end
         end
         out[#out + 1] = fence
       end

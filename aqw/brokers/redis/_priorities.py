@@ -296,12 +296,14 @@ class RedisLevels:
         if not due:
             return []
         keys: list[str] = [stream]
+        records: list[str] = []
         argv: list[Any] = [GROUP, consumer]
-        for entry_id, own_ms, lease_key, _ in due:
+        for entry_id, own_ms, lease_key, _, job_id in due:
             keys.append(lease_key or self.keys.lease("-"))
+            records.append(self.keys.record(job_id if job_id is not None else "-"))
             argv += [entry_id, own_ms, 1 if lease_key else 0]
-        claimed: Any = await self.batcher.script(self._reclaim, keys, argv)
-        fields_of = {entry_id: fields for entry_id, _, _, fields in due}
+        claimed: Any = await self.batcher.script(self._reclaim, keys + records, argv)
+        fields_of = {entry_id: fields for entry_id, _, _, fields, _ in due}
         out = []
         for entry_id, delivered in claimed:
             fields = fields_of.get(text(entry_id))
@@ -316,18 +318,19 @@ class RedisLevels:
         ranges: list[Any],
         lease_ttl: Callable[[Job | None], float],
         count: int,
-    ) -> list[tuple[str, int, str | None, dict[Any, Any] | None]]:
+    ) -> list[tuple[str, int, str | None, dict[Any, Any] | None, str | None]]:
         """The candidates idle for at least their own job's lease TTL, at most ``count`` of
         them: (entry id, that TTL in ms, the job's lease key or None, the entry's fields or
-        None when it is no longer in the stream)."""
-        due: list[tuple[str, int, str | None, dict[Any, Any] | None]] = []
+        None when it is no longer in the stream, the job's id or None)."""
+        due: list[tuple[str, int, str | None, dict[Any, Any] | None, str | None]] = []
         for (entry_id, idle_ms), entries in zip(candidates, ranges, strict=True):
             fields: dict[Any, Any] | None = entries[0][1] if entries else None
             job = decode_job(fields)
             own_ms = max(0, math.ceil(lease_ttl(job) * 1000))
             if idle_ms < own_ms:
                 continue
-            due.append((entry_id, own_ms, self.keys.lease(job.id) if job else None, fields))
+            lease = self.keys.lease(job.id) if job else None
+            due.append((entry_id, own_ms, lease, fields, job.id if job else None))
             if len(due) >= count:
                 break
         return due

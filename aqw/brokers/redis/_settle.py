@@ -37,6 +37,9 @@ class RedisSettle:
         self.keys = keys
         self.dlq_limit = dlq_limit
         self.prefix = keys.tag + ":"
+        #: ``ack.lua``'s keys per priority level, and its shared ARGV (``_ack_head``)
+        self._ack_keys: dict[int, tuple[str, str, str]] = {}
+        self._ack_heads: dict[tuple[str, str, float, float], tuple[Any, ...]] = {}
         self._ack = scripts.load("ack")
         self._retry = scripts.load("retry")
         self._dead = scripts.load("dead_letter")
@@ -65,32 +68,49 @@ class RedisSettle:
         record_ttl: float,
     ) -> bool:
         token = lease.token if lease is not None else ""
-        idem = (completion_key(job) or "") if record_ttl > 0 else ""  # none for a debounce key
-        values: list[str] = []
-        if job is not None:  # the script adds the state, the worker and the finish time
+        extra: tuple[str, ...] = ()  # most jobs: no key, result nor error
+        if job is not None and (
+            job.key is not None
+            or finish.result is not None
+            or finish.note
+            or finish.failure is not None
+        ):
+            # none for a debounce key
+            idem = (completion_key(job) or "") if record_ttl > 0 else ""
+            values: list[str] = []  # the script adds the state, the worker and finish time
             if finish.result is not None:
                 values += ("result", finish.result)
             if finish.note:
                 values += ("result_note", finish.note)
             if finish.failure is not None:
                 values += flat(failure_fields(finish.failure))
-        stream, entry_id = locate(self.keys, delivery)  # its level's stream
-        extra = ack_values(idem, values)  # most jobs: no key, result nor error
+            extra = ack_values(idem, values)
+        keys = self._ack_keys.get(delivery.level)
+        if keys is None:  # its level's stream, the stats hash and the running index
+            stream, _ = locate(self.keys, delivery)
+            keys = self._ack_keys[delivery.level] = (stream, self.keys.stats, self.keys.running)
         ok = await self.batcher.merged(
             self._ack,
-            (stream, self.keys.stats, self.keys.running),
-            (
-                GROUP,
-                consumer,
-                self.prefix,
-                finish.state,
-                ms(finish.keep_for),
-                ms(record_ttl) if record_ttl > 0 else 0,
-            ),
+            keys,
+            self._ack_head(consumer, finish.state, finish.keep_for, record_ttl),
             (),
-            (f"{len(extra)} {entry_id} {token} {job.id if job is not None else ''}", *extra),
+            (f"{len(extra)} {delivery.id} {token} {job.id if job is not None else ''}", *extra),
         )
         return bool(ok)
+
+    def _ack_head(
+        self, consumer: str, state: str, keep_for: float, record_ttl: float
+    ) -> tuple[Any, ...]:
+        """``ack.lua``'s shared ARGV, made once per (consumer, state, keep times)."""
+        key = (consumer, state, keep_for, record_ttl)
+        head = self._ack_heads.get(key)
+        if head is None:
+            if len(self._ack_heads) > 256:  # bounded: keep times come from task options
+                self._ack_heads.clear()
+            completion = ms(record_ttl) if record_ttl > 0 else 0
+            head = (GROUP, consumer, self.prefix, state, ms(keep_for), completion)
+            self._ack_heads[key] = head
+        return head
 
     async def retry(
         self,

@@ -1,0 +1,49 @@
+"""``benchmarks/cost_budget.py``: the per-job cost CI checks. A tiny run on its own private
+redis-server passes the repo's budget and prints every figure; a budget below what a plain
+job costs fails it, naming the figure. Counts only, no timing: the machine is shared."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "cost_budget.py"
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server"),
+]
+
+
+def run(subprocess_env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--jobs", "300", *args],
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+
+
+def test_a_plain_job_is_within_the_budget_and_a_tighter_one_fails(
+    subprocess_env: dict[str, str], tmp_path: Path
+) -> None:
+    ok = run(subprocess_env)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    for step in ("enqueue:", "enqueue_many:", "drain:", "drain_logged:"):
+        assert step in ok.stdout
+    assert "within budget" in ok.stdout
+    # a plain job's drain: its start and its ack, no XPENDING (its record is fresh)
+    drain = ok.stdout.split("drain:")[1].splitlines()[1]
+    assert "xack 1" in drain and "xpending" not in drain
+
+    tight = tmp_path / "budget.toml"
+    tight.write_text("margin = 0.03\n[drain]\ncommands = 2\n[enqueue]\ncommands = 4\n")
+    over = run(subprocess_env, "--budget", str(tight))
+    assert over.returncode == 1
+    [line] = [x for x in over.stdout.splitlines() if "OVER BUDGET" in x]
+    assert line.startswith("cost_budget: OVER BUDGET drain.commands: ") and "budget 2" in line
