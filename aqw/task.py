@@ -41,6 +41,7 @@ class TaskApp(Protocol):
         queue: str | None = None,
         debounce: float | None = None,
         debounce_max: float | None = None,
+        conn: Any = None,
     ) -> list[Enqueued]: ...
 
 
@@ -190,6 +191,7 @@ class Task(Generic[R]):
         queue: str | None = None,
         debounce: float | None = None,
         debounce_max: float | None = None,
+        conn: Any = None,
     ) -> Enqueued:
         """Enqueue one job and return its id.
 
@@ -214,6 +216,11 @@ class Task(Generic[R]):
                 key: a finished job does not block the next burst.
             debounce_max: seconds: a burst's job starts no later than this long after its
                 first enqueue, however long the burst goes on (>= ``debounce``).
+            conn: a PostgreSQL connection (asyncpg, or psycopg 3 ``AsyncConnection``) with a
+                transaction open: the job is written to the app's outbox in that
+                transaction and relayed once it commits (never, if it rolls back). The
+                returned id is the job's; ``duplicate`` is always False (a key that matches
+                an earlier job is found by the relay, which then writes nothing).
         """
         return (
             await self.app.enqueue(
@@ -228,6 +235,7 @@ class Task(Generic[R]):
                 queue=queue,
                 debounce=debounce,
                 debounce_max=debounce_max,
+                conn=conn,
             )
         )[0]
 
@@ -240,10 +248,11 @@ class Task(Generic[R]):
         expires: float | datetime | None = None,
         priority: int | None = None,
         queue: str | None = None,
+        conn: Any = None,
     ) -> list[Enqueued]:
         """Enqueue many jobs in one round trip; every payload is validated first. All of
         them take ``priority`` (default: the task's) and go to ``queue`` (default: the
-        task's, else the app's)."""
+        task's, else the app's); with ``conn``, as rows of the outbox in its transaction."""
         return await self.app.enqueue(
             self,
             list(payloads),
@@ -252,6 +261,7 @@ class Task(Generic[R]):
             expires=expires,
             priority=priority,
             queue=queue,
+            conn=conn,
         )
 
 

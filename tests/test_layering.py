@@ -8,7 +8,7 @@ L1    ``aqw.fastapi``, ``aqw.monitor``, ``aqw.status``, ``aqw.dashboard``, ``aqw
 L2    ``aqw.app`` (the App and its helpers)
 L3    ``aqw.worker``
 L4    ``aqw.task``, ``aqw.schedule``, ``aqw.context``, ``aqw.telemetry``, ``aqw.cache``,
-      ``aqw.idempotency``
+      ``aqw.idempotency``, ``aqw.outbox`` (transactional enqueue and its relay)
 L5    ``aqw.brokers``
 L6    ``aqw.lease`` (with Redlock), ``aqw.retry``, ``aqw.flow``
 L7    ``aqw._redis``, ``aqw.job``, ``aqw.errors``, ``aqw._ids``, ``aqw._cancel``,
@@ -54,7 +54,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("fastapi", "monitor", "status", "dashboard", "timetable"),
     ("app",),
     ("worker",),
-    ("task", "_codecs", "schedule", "context", "telemetry", "cache", "idempotency"),
+    ("task", "_codecs", "schedule", "context", "telemetry", "cache", "idempotency", "outbox"),
     ("brokers",),
     ("lease", "retry", "flow"),
     (

@@ -16,6 +16,7 @@ from ..brokers.multi import check_queue
 from ..cache import Cache
 from ..errors import ConfigError, UnknownTask
 from ..job import Job
+from ..outbox import Outbox, as_outbox
 from ..record import DEFAULT_KEEP_FOR, JobInfo
 from ..retry import RetryPolicy
 from ..task import Enqueued, Handler, Task
@@ -75,6 +76,9 @@ class App:
             its own, so a Redis Cluster shares one queue's work among its masters
             (``aqw.brokers.redis.PartitionedBroker``; a URL's ``&partitions=P`` says the same).
             A job with a key stays in one partition. None: as the broker says (1).
+        outbox: a ``postgresql://`` URL (``?schema=``) or an ``aqw.Outbox``: where
+            ``enqueue(..., conn=)`` writes jobs in the caller's transaction and the relay
+            every worker runs reads them (``docs/concepts/outbox.md``).
     """
 
     def __init__(
@@ -96,6 +100,7 @@ class App:
         redact_errors: bool = True,
         keep_for: float = DEFAULT_KEEP_FOR,
         partitions: int | None = None,
+        outbox: str | Outbox | None = None,
     ) -> None:
         check_queue(queue, "App queue")
         if not isinstance(broker, str | Broker):
@@ -138,6 +143,7 @@ class App:
             redact=redact_errors,
         )
         self._brokers: dict[str, Broker] = {}  # other queues' brokers (``broker_for``)
+        self.outbox = as_outbox(outbox)
 
     def use_broker(self, broker: str | Broker, queue: str | None = None) -> None:
         """Point this app at another broker (a URL or a ``Broker``) and, optionally, another
@@ -292,6 +298,7 @@ class App:
         debounce_max: float | None = None,
         queue: str | None = None,
         priority: int | None = None,
+        conn: Any = None,
     ) -> list[Enqueued]:
         """Validate and enqueue jobs of ``task`` (a Task or a task name), one per payload;
         the options are ``Task.enqueue``'s."""
@@ -309,6 +316,7 @@ class App:
             debounce_max=debounce_max,
             queue=queue,
             priority=priority,
+            conn=conn,
         )
 
     # -- running ---------------------------------------------------------------------------

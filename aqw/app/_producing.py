@@ -1,5 +1,6 @@
 """The producer's step: validate payloads, build the jobs and hand them to their queue's broker
-(published now, scheduled for later, under an idempotency key, or debounced). Each job's
+(published now, scheduled for later, under an idempotency key, debounced, or written to the
+outbox in the caller's transaction, ``conn=``). Each job's
 wire form is made and looked at before anything is written (``check_jobs``): valid UTF-8
 JSON, no non-finite number, within its task's size cap; one bad job refuses the batch."""
 
@@ -16,6 +17,7 @@ from ..brokers.parts import Debounce
 from ..errors import ConfigError, PayloadTooLarge
 from ..flow import route_key
 from ..job import Job, non_finite_in
+from ..outbox import Outbox
 from ..task import GROUP_HEADER, Enqueued, Task
 from ..telemetry import Telemetry
 from ._arguments import check_headers, debounce_headers, enqueue_times, priority_of
@@ -30,6 +32,8 @@ class ProducerApp(Protocol):
     def idempotency_ttl(self) -> float: ...
     def broker_for(self, queue: str) -> Broker: ...
     def telemetry_for(self, queue: str) -> Telemetry: ...
+    @property
+    def outbox(self) -> Outbox | None: ...
 
 
 async def enqueue_jobs(
@@ -46,11 +50,13 @@ async def enqueue_jobs(
     debounce_max: float | None,
     queue: str | None,
     priority: int | None,
+    conn: Any = None,
 ) -> list[Enqueued]:
     """Enqueue one job of ``target`` per payload; every argument is checked and every payload
     validated before anything is written (the options are ``Task.enqueue``'s)."""
     if (
-        len(payloads) == 1
+        conn is None
+        and len(payloads) == 1
         and key is None
         and delay is None
         and at is None
@@ -84,6 +90,9 @@ async def enqueue_jobs(
         jobs = placed(broker, target, payloads, bodies, jobs)
     with app.telemetry_for(queue).publish(jobs):  # measured with the headers it adds
         check_jobs(target.name, target.options.max_payload_bytes, jobs)
+        if conn is not None:  # a row per job in the caller's transaction; the relay publishes
+            await outbox_of(app, debounce).write(conn, queue, jobs, run_at)
+            return [Enqueued(job.id) for job in jobs]
         if key is not None:
             if len(jobs) != 1:
                 raise ConfigError("enqueue: an idempotency key names exactly one job")
@@ -138,6 +147,18 @@ def placed(
         route = route_key(target.name, flow, payload, job.key, job.headers.get(GROUP_HEADER))
         out.append(job.model_copy(update={"id": broker.job_id_for(route)}))
     return out
+
+
+def outbox_of(app: ProducerApp, debounce: float | None) -> Outbox:
+    """The app's outbox for an ``enqueue(..., conn=)``; a ConfigError when it has none."""
+    if app.outbox is None:
+        raise ConfigError(
+            "enqueue conn=: the app has no outbox: aqw.App(broker, outbox='postgresql://...') "
+            "names the database the relay reads"
+        )
+    if debounce is not None:
+        raise ConfigError("enqueue conn=: debounce cannot go through the outbox")
+    return app.outbox
 
 
 def debounced(broker: Broker) -> Debounce:

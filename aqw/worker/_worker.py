@@ -2,9 +2,8 @@
 of its parts: ``Intake`` (``_intake.py``: fetch, promote, reclaim) feeds ``Slots``
 (``_slots.py``), each delivery runs as ``JobPath.process`` (``_job_path.py``: decode, find
 the task, validate, take the lease, run the handler in ``_handler.py``) and ends in a
-``Settler`` step (``_settle.py``). The worker sees its App through ``WorkerApp``, a
-Protocol.
-"""
+``Settler`` step (``_settle.py``); the outbox's relay runs beside them. The worker sees its
+App through ``WorkerApp``, a Protocol."""
 
 from __future__ import annotations
 
@@ -24,6 +23,7 @@ from ..context import Context
 from ..errors import BrokerUnavailable, ConfigError
 from ..job import Job
 from ..lease import Lease, LeaseKeeper
+from ..outbox import Outbox, Relay
 from ..task import Task
 from ..telemetry import Telemetry
 from ._failures import ErrorTracker, RunawayGuard
@@ -68,6 +68,8 @@ class WorkerApp(Protocol):
     def cache(self) -> Cache | None: ...
     @property
     def telemetry(self) -> Telemetry: ...
+    @property
+    def outbox(self) -> Outbox | None: ...
     def payload_limit(self, task_name: str | None) -> int | None: ...
     def lease_ttl_of(self, job: Job | None) -> float: ...
     def broker_for(self, queue: str) -> Broker: ...
@@ -161,6 +163,7 @@ class Worker:
         #: loops: a warning when the broker stops answering, a line when it answers again.
         self.outage = Outage(self.broker.describe())
         self.scheduler = Scheduler(self.broker, app.tasks, self._stop, self.outage, self.name)
+        self.relay = None if app.outbox is None else Relay(app.outbox, app, self._stop, self.name)
         self.intake = Intake(
             self.broker,
             self.slots,
@@ -240,6 +243,8 @@ class Worker:
             spawn(LoopWatchdog.of(self).run(), name="aqw-watchdog"),
             spawn(self.scheduler.run(), name="aqw-scheduler"),
         ]
+        if self.relay is not None:  # every worker runs one; the leader relays
+            self._loops.append(spawn(self.relay.run(), name="aqw-outbox"))
         if self.handle_signals:
             self._install_signal_handlers()
         self.tel.add_gauges(self._gauges)
