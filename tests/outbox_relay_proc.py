@@ -3,8 +3,7 @@
     python outbox_relay_proc.py REDIS_URL QUEUE PG_DSN SCHEMA MODE
 
 MODE ``kill-after-publish``: relay one batch and SIGKILL this process once the batch is
-published, before its rows are deleted (the worst moment). MODE ``run``: relay until killed,
-printing ``leading`` once it leads.
+published, before its rows are deleted (the worst moment). MODE ``run``: relay until killed.
 """
 
 from __future__ import annotations
@@ -35,11 +34,7 @@ async def main(redis_url: str, queue: str, dsn: str, schema: str, mode: str) -> 
         after_batch=die if mode == "kill-after-publish" else None,
     )
     await app.broker.connect()
-    task = asyncio.create_task(relay.run())
-    while not relay.leader:
-        await asyncio.sleep(0.01)
-    print("leading", flush=True)
-    await task
+    await relay.run()
 
 
 if __name__ == "__main__":

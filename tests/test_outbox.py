@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import sys
 import uuid
 from collections import Counter
@@ -240,6 +239,15 @@ async def test_migrate_is_versioned_and_idempotent(setup: Setup) -> None:
     assert f'CREATE TABLE "{setup.schema}".aqw_outbox' in outbox.sql()
 
 
+async def _relay_process(setup: Setup, mode: str) -> asyncio.subprocess.Process:
+    script = str(HERE / "outbox_relay_proc.py")
+    return await asyncio.create_subprocess_exec(
+        *(sys.executable, script, REDIS_URL, setup.queue, setup.dsn, setup.schema, mode),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
 # -- the relay ---------------------------------------------------------------------------------
 
 
@@ -265,15 +273,10 @@ async def test_relay_killed_between_publish_and_delete_loses_none_doubles_none(
     task = _task(app)
     async with setup.conn.transaction():
         ids = await task.enqueue_many([Receipt(order_id=i) for i in range(120)], conn=setup.conn)
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "outbox_relay_proc.py"), REDIS_URL, setup.queue, setup.dsn]
-        + [setup.schema, "kill-after-publish"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == -9, proc.stderr
-    assert "published 50" in proc.stdout  # one batch reached Redis, then the process died
+    proc = await _relay_process(setup, "kill-after-publish")
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == -9, err.decode()
+    assert b"published 50" in out  # one batch reached Redis, then the process died
     assert len(setup.stream_jobs()) == 50
     assert await setup.rows() == 120  # its delete never committed
     assert await _relay_all(setup, app, fence=10**6) == 120  # the 50 again: duplicates
