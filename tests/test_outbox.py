@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import sys
 import uuid
 from collections import Counter
@@ -316,3 +317,57 @@ async def test_outbox_refused_on_a_broker_without_keyed_enqueue(setup: Setup) ->
     _task(app)
     with pytest.raises(aqw.ConfigError, match="enqueues with an idempotency key"):
         app.worker()
+
+
+async def test_concurrent_transactions_with_a_relay_sigkilled_again_and_again(
+    setup: Setup,
+) -> None:
+    """8 producers, 10,000 transactions, a random third rolled back, while a relay process is
+    SIGKILLed and restarted over and over: exactly the committed jobs reach Redis, once each."""
+    app = setup.app()
+    task = _task(app)
+    pool = await asyncpg.create_pool(setup.dsn, min_size=8, max_size=8)
+    committed: list[str] = []
+    rng = random.Random(26)
+
+    async def producer(n: int) -> None:
+        for i in range(1250):
+            rollback = rng.random() < 1 / 3
+            async with pool.acquire() as conn:
+                try:
+                    async with conn.transaction():
+                        job_id = await task.enqueue(Receipt(order_id=n * 1000 + i), conn=conn)
+                        if rollback:
+                            raise RuntimeError("rolled back")
+                except RuntimeError:
+                    continue
+            committed.append(job_id)
+
+    producers = asyncio.gather(*(producer(n) for n in range(8)))
+    kills = 0
+    try:
+        while not producers.done() or (kills < 5 and await setup.rows() > 50):
+            proc = await _relay_process(setup, "run")
+            assert proc.stdout is not None
+            # Killed once it has published a batch (so every relay did some work), at a
+            # random moment after: mid-batch, between publish and delete, or idle.
+            first = asyncio.ensure_future(proc.stdout.readline())
+            waits = [first] if producers.done() else [first, producers]
+            await asyncio.wait(waits, timeout=30, return_when="FIRST_COMPLETED")
+            if first.done() and first.result().startswith(b"published"):
+                await asyncio.sleep(rng.uniform(0, 0.2))
+                kills += 1
+            first.cancel()
+            proc.kill()
+            await proc.wait()
+        await producers
+    finally:
+        await pool.close()
+    await _relay_all(setup, app, fence=10**9)  # a last leader, after the last kill
+    counts = Counter(j["id"] for j in setup.stream_jobs())
+    assert kills >= 3
+    assert len(committed) > 5000
+    assert sorted(counts) == sorted(committed)
+    assert set(counts.values()) == {1}
+    assert await setup.rows() == 0
+    await app.close()
