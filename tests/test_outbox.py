@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
+import signal
 import sys
 import uuid
 from collections import Counter
@@ -370,4 +372,78 @@ async def test_concurrent_transactions_with_a_relay_sigkilled_again_and_again(
     assert sorted(counts) == sorted(committed)
     assert set(counts.values()) == {1}
     assert await setup.rows() == 0
+    await app.close()
+
+
+# -- the command line --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def app_module(setup: Setup, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A module ``obapp_<hex>`` whose ``app`` has this test's outbox; its spec."""
+    name = f"obapp_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(
+        "import aqw\n"
+        f"app = aqw.App({REDIS_URL!r}, queue={setup.queue!r}, "
+        f"outbox={setup.dsn + '?schema=' + setup.schema!r})\n"
+        "@app.task(name='send_receipt')\n"
+        "async def send_receipt(order_id: int) -> None: ...\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return f"{name}:app"
+
+
+async def test_cli_status_migrate_and_sql(
+    setup: Setup, app_module: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from aqw.cli._main import run_command
+
+    assert await run_command(["db", "migrate", app_module]) == 0
+    assert "up to date" in capsys.readouterr().out
+    assert await run_command(["outbox", "status", app_module, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"pending": 0, "oldest_age": 0.0}
+    await setup.conn.execute(
+        f'INSERT INTO "{setup.schema}".aqw_outbox (queue, job, created_at) '
+        "VALUES ($1, $2, now() - interval '1 hour')",
+        setup.queue,
+        b"{}",
+    )
+    assert await run_command(["outbox", "status", app_module, "--max-age", "60"]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("1 rows not relayed, oldest 3")  # about 3600 s
+    assert await run_command(["db", "sql", "--schema", "elsewhere"]) == 0
+    sql = capsys.readouterr().out
+    assert 'CREATE TABLE "elsewhere".aqw_outbox' in sql
+    assert (
+        "INSERT INTO \"elsewhere\".aqw_migrations (component, version) VALUES ('outbox', 1)" in sql
+    )
+
+
+async def test_db_sql_applied_by_hand_then_migrate_finds_nothing_to_do(setup: Setup) -> None:
+    schema = f"aqw_ob_{uuid.uuid4().hex[:10]}"
+    try:
+        await setup.conn.execute(Outbox(setup.dsn, schema=schema).sql())
+        assert await Outbox(setup.dsn, schema=schema).migrate() == []
+    finally:
+        await setup.conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+async def test_cli_relay_runs_until_stopped(
+    setup: Setup, app_module: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    app = setup.app()
+    task = _task(app)
+    async with setup.conn.transaction():
+        await task.enqueue_many([Receipt(order_id=i) for i in range(3)], conn=setup.conn)
+    proc = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "aqw", "outbox", "relay", app_module),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    await eventually(lambda: len(setup.stream_jobs()) == 3, 30, "relayed", procs=[proc])
+    proc.send_signal(signal.SIGTERM)
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0, err.decode()
+    assert b"relayed 3 rows" in out
     await app.close()

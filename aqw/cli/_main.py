@@ -1,5 +1,5 @@
 """The ``aqw`` command line: ``worker``, ``enqueue``, ``status``, ``job``, ``monitor``, ``dlq``,
-``cron`` and ``bench``.
+``cron``, ``bench``, ``outbox`` and ``db``.
 
 Settings come from arguments first, then ``AQW_*`` environment variables (``AQW_APP``,
 ``AQW_BROKER``, ``AQW_QUEUE``, ``AQW_CONCURRENCY``, ``AQW_PREFETCH``, ``AQW_GRACE``,
@@ -32,6 +32,7 @@ from . import _dlq as dlq_cli
 from . import _enqueue as enqueue_cli
 from . import _job as job_cli
 from . import _monitor as monitor_cli
+from . import _outbox as outbox_cli
 from . import _status as status_cli
 from . import _worker as worker_cli
 from . import bench as bench_cli
@@ -63,6 +64,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = 
     "cron": cron_cli.run,
     "dashboard": dashboard_cli.run,
     "bench": bench_cli.run,
+    "outbox": outbox_cli.run_outbox,
+    "db": outbox_cli.run_db,
 }
 
 
@@ -88,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     dlq_cli.add_parser(sub)
     cron_cli.add_parser(sub)
     dashboard_cli.add_parser(sub)
+    outbox_cli.add_parser(sub)
     return parser
 
 
