@@ -85,6 +85,8 @@ LAZY_EXTRAS: dict[tuple[str, str], str] = {
     ("aqw.brokers", "aqw.brokers.sqs"): "aioboto3 is the optional 'sqs' extra",
     # sqs:// ...&records=postgresql://... needs the 'postgres' extra (asyncpg).
     ("aqw.brokers.sqs._keys", "aqw.brokers.sqs._keys_pg"): "asyncpg: the 'postgres' extra",
+    # postgresql:// needs the 'postgres' extra (asyncpg); loaded only when a URL asks for it.
+    ("aqw.brokers", "aqw.brokers.postgres"): "asyncpg is the optional 'postgres' extra",
     # aqw dashboard needs the 'dashboard' extra (starlette, jinja2); loaded when it runs.
     ("aqw.cli._dashboard", "aqw.dashboard"): "starlette and jinja2: the 'dashboard' extra",
 }

@@ -1,0 +1,463 @@
+"""``PostgresBroker``: a queue in PostgreSQL tables.
+
+A job is a row of ``aqw_jobs``; a fetch claims the oldest due rows of the highest priority
+``FOR UPDATE SKIP LOCKED`` and marks them held by this consumer; a publish notifies the
+queue's channel, which wakes the blocking fetches. Leases (the job's, locks, leaders) are
+rows of ``aqw_leases`` (token, expiry on the server's clock) with a fencing token per queue
+(``aqw_fences``) that moves on in the same statement as the acquire. Every settle is one
+transaction that locks the held row and the job's lease row, checks the holder (the lease's
+token, or without a live lease, the consumer) and then moves the row: deleted (ack), made
+due later with its next body (retry, defer), moved to ``aqw_dead`` (dead letter) or handed
+back (give back). A refused settle touches nothing. Finished rows leave the hot table at
+once (a delete per settle); vacuum reclaims them in the background.
+
+Job records, worker status and schedule marks are kept in this process
+(``LocalJobRecords``...: ``shared = False``): the features that need them across processes
+(``keep_result`` read elsewhere, ``aqw status``, periodic tasks) are refused at worker
+start, in one line, as for any broker without them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import asyncpg
+
+from ...errors import ConfigError
+from ...flow import Limits
+from ...job import Job
+from ...lease import Lease, LeaseBackend
+from ..base import Broker
+from ..local import (
+    LocalJobRecords,
+    LocalScheduleMarks,
+    LocalStartGuard,
+    LocalWorkerStatus,
+    still_ours,
+)
+from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth
+from ._connection import Connection, channel_of
+from ._leases import PgLeases
+from ._sql import check_schema, statement
+
+#: Default connections of a process's pool to one database.
+POOL_SIZE = 10
+_CONNECTIONS: dict[tuple[str, str, int], Connection] = {}
+#: A settle's own writes, given its transaction's connection and the locked held row.
+Step = Callable[[Any, Any], Awaitable[Any]]
+
+
+def from_url(url: str, queue: str) -> PostgresBroker:
+    """``postgresql://user@host:5432/db?queue=emails&schema=aqw&pool=10``."""
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query))
+    queue = query.pop("queue", queue)
+    schema = check_schema(query.pop("schema", "aqw"))
+    try:
+        pool = int(query.pop("pool", POOL_SIZE))
+    except ValueError:
+        raise ConfigError(f"postgresql:// pool must be an integer, in {url!r}") from None
+    dsn = urlunsplit(parts._replace(query=urlencode(query)))
+    key = (dsn, schema, pool)
+    conn = _CONNECTIONS.get(key)
+    if conn is None or conn.pool is None:
+        conn = _CONNECTIONS[key] = Connection(dsn, schema, pool)
+    return PostgresBroker(conn, queue)
+
+
+class PostgresBroker(Broker):
+    """One queue in PostgreSQL; brokers of other queues share its connection (``sibling``)."""
+
+    system = "postgresql"
+    transient_errors = (
+        ConnectionError,
+        TimeoutError,
+        OSError,
+        asyncpg.PostgresConnectionError,
+        asyncpg.InterfaceError,
+        asyncpg.CannotConnectNowError,
+    )
+
+    def __init__(self, conn: Connection, queue: str) -> None:
+        self._records = LocalJobRecords(queue)
+        super().__init__(
+            queue,
+            records=self._records,
+            status=LocalWorkerStatus(),
+            marks=LocalScheduleMarks(),
+        )
+        self._conn = conn
+        self._s = conn.schema
+        self._channel = channel_of(conn.schema, queue)
+        self._wake: Any = None
+        self._leases: PgLeases | None = None
+
+    def describe(self) -> str:
+        where = urlsplit(self._conn.dsn)
+        return f"postgresql://{where.hostname}:{where.port or 5432}{where.path} queue={self.queue}"
+
+    def sibling(self, queue: str) -> PostgresBroker:
+        return PostgresBroker(self._conn, queue)
+
+    @property
+    def _pool(self) -> Any:
+        if self._conn.pool is None:
+            raise ConnectionError(f"the {self.describe()} broker is not connected")
+        return self._conn.pool
+
+    async def connect(self) -> None:
+        if self._wake is None or self._conn.pool is None:
+            if self._wake is None:
+                self._conn.users += 1
+            self._wake = await self._conn.listen(self._channel)
+
+    async def close(self) -> None:
+        """Close this broker; the connection closes with the last broker using it."""
+        if self._wake is not None:
+            self._wake = None
+            self._conn.users -= 1
+            if self._conn.users <= 0:
+                await self._conn.close()
+
+    # -- producing -------------------------------------------------------------------------
+
+    async def _insert(self, jobs: Sequence[Job], run_at: float) -> None:
+        await self.connect()
+        wires = [j.encode() for j in jobs]
+        levels = [j.priority for j in jobs]
+        sql = statement("publish", self._s)
+        await self._pool.execute(sql, self.queue, wires, levels, run_at, self._channel)
+
+    async def publish(self, jobs: Sequence[Job]) -> None:
+        await self._insert(jobs, 0.0)
+        for job in jobs:
+            self._records.enqueued(job)
+
+    async def schedule(self, jobs: Sequence[Job], run_at: float) -> None:
+        await self._insert(jobs, run_at)
+        for job in jobs:
+            self._records.enqueued(job, run_at)
+
+    async def publish_unique(self, job: Job, ttl: float, run_at: float | None) -> tuple[str, bool]:
+        assert job.key is not None
+        await self.connect()
+        now = time.time()
+        s = self._s
+        async with self._pool.acquire() as c, c.transaction():
+            await c.execute("SELECT pg_advisory_xact_lock(hashtext($1))", f"{self.queue}:{job.key}")
+            found = await c.fetchval(statement("key_find", s), self.queue, job.key, now)
+            if found is not None:
+                return found, True
+            await c.execute(
+                statement("key_put", s), self.queue, "key", job.key, job.id, now + ttl, now
+            )
+            sql = statement("publish", s)
+            await c.execute(
+                sql, self.queue, [job.encode()], [job.priority], run_at or 0.0, self._channel
+            )
+        self._records.enqueued(job, run_at)
+        return job.id, False
+
+    async def is_completed(self, job: Job) -> bool:
+        if job.key is None:
+            return False
+        sql = (
+            f'SELECT 1 FROM "{self._s}".aqw_keys '
+            "WHERE queue = $1 AND kind = $2 AND key = $3 AND expires_at > $4"
+        )
+        return await self._pool.fetchval(sql, self.queue, "done", job.key, time.time()) is not None
+
+    # -- consuming -------------------------------------------------------------------------
+
+    async def fetch(self, count: int, block: float, share: float = 0.0) -> list[Delivery]:
+        """Strict priority order (``share`` is not used: the lowest levels wait their turn)."""
+        await self.connect()
+        sql = statement("fetch", self._s)
+        deadline = time.monotonic() + block
+        while True:
+            self._wake.clear()
+            rows = await self._pool.fetch(sql, self.queue, count, self.consumer, time.time())
+            if rows or block <= 0:
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return []
+            with contextlib.suppress(TimeoutError):  # a delayed job may have come due
+                await asyncio.wait_for(self._wake.wait(), min(left, 1.0))
+        rows = sorted(rows, key=lambda r: (-r["priority"], r["id"]))
+        return [
+            Delivery(str(r["id"]), bytes(r["job"]), delivery_count=r["deliveries"]) for r in rows
+        ]
+
+    async def promote_due(self) -> float | None:
+        """Nothing moves (a due row is fetched where it is): seconds until the next is due."""
+        if self._conn.pool is None:
+            return None
+        now = time.time()
+        due = await self._pool.fetchval(statement("next_due", self._s), self.queue, now)
+        return None if due is None else max(0.0, due - now)
+
+    async def keep_alive(self, delivery: Delivery) -> bool:
+        sql = statement("keep_alive", self._s)
+        return (
+            await self._pool.fetchval(sql, int(delivery.id), self.consumer, time.time()) is not None
+        )
+
+    async def reclaim(
+        self, count: int, lease_ttl: Callable[[Job | None], float], min_idle: float
+    ) -> list[Delivery]:
+        now = time.time()
+        sql = statement("reclaim_candidates", self._s)
+        rows = await self._pool.fetch(sql, self.queue, now - min_idle, max(count * 4, 16))
+        out: list[Delivery] = []
+        claim = statement("reclaim_one", self._s)
+        for r in rows:
+            if len(out) >= count:
+                break
+            try:
+                job: Job | None = Job.decode(bytes(r["job"]))
+            except ValueError:
+                job = None
+            if now - r["held_at"] < lease_ttl(job):
+                continue
+            key = self.job_lease_key(job) if job is not None else ""
+            n = await self._pool.fetchval(
+                claim, r["id"], self.consumer, now, r["consumer"], r["held_at"], key
+            )
+            if n is not None:
+                out.append(Delivery(str(r["id"]), bytes(r["job"]), delivery_count=n))
+        return out
+
+    async def give_back_unstarted(self, running: set[str]) -> int:
+        sql = (
+            f'UPDATE "{self._s}".aqw_jobs SET consumer = NULL WHERE queue = $1 AND consumer = $2 '
+            "AND NOT (id = ANY($3::bigint[])) RETURNING 1"
+        )
+        async with self._pool.acquire() as c, c.transaction():
+            rows = await c.fetch(sql, self.queue, self.consumer, [int(i) for i in running])
+            if rows:
+                await c.execute("SELECT pg_notify($1, '')", self._channel)
+        return len(rows)
+
+    # -- leases ----------------------------------------------------------------------------
+
+    def lease_backend(self) -> LeaseBackend:
+        if self._leases is None:
+            self._leases = PgLeases(_PoolOf(self), self._s, self.queue)
+        return self._leases
+
+    def job_lease_backend(
+        self, job: Job, limits: Limits | None = None, delivery: Delivery | None = None
+    ) -> LeaseBackend:
+        check = still_ours(self, delivery)
+        return LocalStartGuard(self.lease_backend(), self._records, job, self.consumer, check)
+
+    # -- settling --------------------------------------------------------------------------
+
+    async def _settle(self, delivery: Delivery, lease: Lease | None, step: Step) -> Any:
+        """Run ``step(conn, row)`` in one transaction, when the held row is still ours."""
+        s = self._s
+        async with self._pool.acquire() as c, c.transaction():
+            row = await c.fetchrow(statement("take", s), int(delivery.id))
+            if row is None:
+                return None
+            owner = None
+            if lease is not None:
+                owner = await c.fetchval(statement("lease_owner", s), lease.key)
+                if owner is not None and owner != lease.token:
+                    return None
+            if owner is None and row["consumer"] != self.consumer:
+                return None
+            if owner is not None:
+                await c.execute(f'DELETE FROM "{s}".aqw_leases WHERE key = $1', lease.key)  # type: ignore[union-attr]
+            return await step(c, row)
+
+    async def _ack(
+        self,
+        delivery: Delivery,
+        job: Job | None,
+        lease: Lease | None,
+        finish: Finish,
+        record_ttl: float,
+    ) -> bool:
+        async def step(c: Any, row: Any) -> bool:
+            await c.execute(f'DELETE FROM "{self._s}".aqw_jobs WHERE id = $1', int(delivery.id))
+            if job is not None:
+                await c.execute(statement("bump", self._s), self.queue, "processed")
+                if job.key is not None and record_ttl > 0:
+                    now = time.time()
+                    await c.execute(
+                        statement("key_put", self._s),
+                        self.queue,
+                        "done",
+                        job.key,
+                        job.id,
+                        now + record_ttl,
+                        now,
+                    )
+            return True
+
+        return bool(await self._settle(delivery, lease, step))
+
+    async def _move(
+        self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None, stat: str | None
+    ) -> bool:
+        async def step(c: Any, row: Any) -> bool:
+            sql = (
+                f'UPDATE "{self._s}".aqw_jobs SET job = $2, priority = $3, run_at = $4, '
+                "consumer = NULL, held_at = NULL WHERE id = $1"
+            )
+            await c.execute(sql, int(delivery.id), job.encode(), job.priority, run_at)
+            if stat is not None:
+                await c.execute(statement("bump", self._s), self.queue, stat)
+            await c.execute("SELECT pg_notify($1, '')", self._channel)
+            return True
+
+        return bool(await self._settle(delivery, lease, step))
+
+    async def _retry(
+        self,
+        delivery: Delivery,
+        job: Job,
+        run_at: float,
+        lease: Lease | None,
+        failure: Failure | None,
+    ) -> bool:
+        return await self._move(delivery, job, run_at, lease, "retried")
+
+    async def _defer(
+        self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None
+    ) -> bool:
+        return await self._move(delivery, job, run_at, lease, None)
+
+    async def _give_back(self, delivery: Delivery, lease: Lease | None, job: Job | None) -> bool:
+        async def step(c: Any, row: Any) -> bool:
+            sql = f'UPDATE "{self._s}".aqw_jobs SET consumer = NULL, held_at = NULL WHERE id = $1'
+            await c.execute(sql, int(delivery.id))
+            await c.execute("SELECT pg_notify($1, '')", self._channel)
+            return True
+
+        return bool(await self._settle(delivery, lease, step))
+
+    async def _dead_letter(
+        self,
+        delivery: Delivery,
+        job: Job | None,
+        failure: Failure,
+        attempts: int,
+        lease: Lease | None,
+        keep_for: float,
+    ) -> str | None:
+        async def step(c: Any, row: Any) -> str:
+            await c.execute(f'DELETE FROM "{self._s}".aqw_jobs WHERE id = $1', int(delivery.id))
+            entry = await c.fetchval(
+                statement("dead_insert", self._s),
+                self.queue,
+                delivery.data,
+                job.task if job else "",
+                job.id if job else "",
+                failure.error_type,
+                failure.error,
+                failure.traceback,
+                attempts,
+                failure.first_failed_at or failure.failed_at,
+                failure.failed_at,
+                failure.worker,
+            )
+            await c.execute(statement("bump", self._s), self.queue, "dead")
+            return str(entry)
+
+        entry: str | None = await self._settle(delivery, lease, step)
+        return entry
+
+    # -- inspection ------------------------------------------------------------------------
+
+    async def depth(self) -> QueueDepth:
+        await self.connect()
+        r = await self._pool.fetchrow(statement("depth", self._s), self.queue, time.time())
+        return QueueDepth(r["waiting"], r["in_flight"], r["delayed"], r["dead"])
+
+    async def stats(self) -> dict[str, int]:
+        sql = f'SELECT name, value FROM "{self._s}".aqw_stats WHERE queue = $1'
+        return {r["name"]: r["value"] for r in await self._pool.fetch(sql, self.queue)}
+
+    # -- dead letters ----------------------------------------------------------------------
+
+    async def dlq_list(self, count: int = 100, after: str | None = None) -> list[DeadJob]:
+        start = _entry(after) if after is not None else 0
+        rows = await self._pool.fetch(
+            statement("dead_list", self._s), self.queue, start or 0, count
+        )
+        return [_dead(r) for r in rows]
+
+    async def dlq_get(self, entry_id: str) -> DeadJob | None:
+        n = _entry(entry_id)
+        if n is None:
+            return None
+        sql = f'SELECT * FROM "{self._s}".aqw_dead WHERE queue = $1 AND id = $2'
+        row = await self._pool.fetchrow(sql, self.queue, n)
+        return None if row is None else _dead(row)
+
+    async def dlq_replay(self, entries: Sequence[tuple[str, Job]]) -> int:
+        replayed = 0
+        delete = f'DELETE FROM "{self._s}".aqw_dead WHERE queue = $1 AND id = $2 RETURNING 1'
+        async with self._pool.acquire() as c, c.transaction():
+            for entry_id, job in entries:
+                n = _entry(entry_id)
+                if n is None or await c.fetchval(delete, self.queue, n) is None:
+                    continue
+                sql = statement("publish", self._s)
+                await c.execute(sql, self.queue, [job.encode()], [job.priority], 0.0, self._channel)
+                replayed += 1
+        for _, job in entries[:replayed]:
+            self._records.replayed(job)
+        return replayed
+
+    async def dlq_delete(self, entry_ids: Sequence[str]) -> int:
+        ids = [n for n in (_entry(i) for i in entry_ids) if n is not None]
+        sql = (
+            f'DELETE FROM "{self._s}".aqw_dead '
+            "WHERE queue = $1 AND id = ANY($2::bigint[]) RETURNING 1"
+        )
+        return len(await self._pool.fetch(sql, self.queue, ids))
+
+
+class _PoolOf:
+    """The broker's pool, looked up at each call (the pool opens at ``connect``)."""
+
+    __slots__ = ("_broker",)
+
+    def __init__(self, broker: PostgresBroker) -> None:
+        self._broker = broker
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        await self._broker.connect()
+        return await self._broker._pool.fetchval(sql, *args)
+
+
+def _entry(entry_id: str) -> int | None:
+    try:
+        return int(entry_id)
+    except ValueError:
+        return None
+
+
+def _dead(r: Any) -> DeadJob:
+    return DeadJob(
+        id=str(r["id"]),
+        data=bytes(r["data"]),
+        task=r["task"],
+        error_type=r["error_type"],
+        error=r["error"],
+        traceback=r["traceback"],
+        attempts=r["attempts"],
+        first_failed_at=r["first_failed_at"],
+        last_failed_at=r["last_failed_at"],
+        worker=r["worker"],
+        job_id=r["job_id"],
+    )

@@ -1,0 +1,31 @@
+"""Leases in PostgreSQL: a row per key (token, expiry on the server's clock), and a fencing
+token per queue that moves on in the same statement as a successful acquire."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._sql import statement
+
+
+class PgLeases:
+    """The ``LeaseBackend`` of a PostgreSQL queue (job leases, locks, leader leases)."""
+
+    __slots__ = ("_acquire", "_pool", "_queue", "_release", "_renew")
+
+    def __init__(self, pool: Any, schema: str, queue: str) -> None:
+        self._pool = pool
+        self._queue = queue
+        self._acquire = statement("lease_acquire", schema)
+        self._renew = statement("lease_renew", schema)
+        self._release = statement("lease_release", schema)
+
+    async def acquire(self, key: str, token: str, ttl_ms: int) -> int | None:
+        fence = await self._pool.fetchval(self._acquire, key, token, ttl_ms, self._queue)
+        return None if fence is None else int(fence)
+
+    async def renew(self, key: str, token: str, ttl_ms: int) -> bool:
+        return await self._pool.fetchval(self._renew, key, token, ttl_ms) is not None
+
+    async def release(self, key: str, token: str) -> bool:
+        return await self._pool.fetchval(self._release, key, token) is not None
