@@ -1,20 +1,12 @@
-"""``PostgresBroker``: a queue in PostgreSQL tables.
+"""``PostgresBroker``: a queue in PostgreSQL tables (``docs/brokers/postgresql.md``).
 
 A job is a row of ``aqw_jobs``; a fetch claims the oldest due rows of the highest priority
-``FOR UPDATE SKIP LOCKED`` and marks them held by this consumer; a publish notifies the
-queue's channel, which wakes the blocking fetches. Leases (the job's, locks, leaders) are
-rows of ``aqw_leases`` (token, expiry on the server's clock) with a fencing token per queue
-(``aqw_fences``) that moves on in the same statement as the acquire. Every settle is one
-transaction that locks the held row and the job's lease row, checks the holder (the lease's
-token, or without a live lease, the consumer) and then moves the row: deleted (ack), made
-due later with its next body (retry, defer), moved to ``aqw_dead`` (dead letter) or handed
-back (give back). A refused settle touches nothing. Finished rows leave the hot table at
-once (a delete per settle); vacuum reclaims them in the background.
-
-Job records, worker status and schedule marks are kept in this process
-(``LocalJobRecords``...: ``shared = False``): the features that need them across processes
-(``keep_result`` read elsewhere, ``aqw status``, periodic tasks) are refused at worker
-start, in one line, as for any broker without them.
+``FOR UPDATE SKIP LOCKED``; a publish notifies the queue's channel, waking blocking fetches.
+Leases are rows of ``aqw_leases`` (token, expiry on the server's clock) with a fencing token
+per queue moved in the acquire's own statement. A settle is one transaction that locks the
+held row and the lease row, checks the holder (the lease's token, else the consumer) and
+moves the row; a refused settle touches nothing. Finished rows are deleted at their settle.
+Job records, worker status and schedule marks live in this process (``shared = False``).
 """
 
 from __future__ import annotations
@@ -42,7 +34,8 @@ from ..local import (
 )
 from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth
 from ._connection import Connection, channel_of
-from ._leases import PgLeases
+from ._dead import DeadLetters
+from ._leases import PgLeases, PoolOf
 from ._sql import check_schema, statement
 
 #: Default connections of a process's pool to one database.
@@ -96,6 +89,7 @@ class PostgresBroker(Broker):
         self._channel = channel_of(conn.schema, queue)
         self._wake: Any = None
         self._leases: PgLeases | None = None
+        self._dead = DeadLetters(PoolOf(self), self._s, queue, self._channel)
 
     def describe(self) -> str:
         where = urlsplit(self._conn.dsn)
@@ -105,7 +99,7 @@ class PostgresBroker(Broker):
         return PostgresBroker(self._conn, queue)
 
     @property
-    def _pool(self) -> Any:
+    def pool(self) -> Any:
         if self._conn.pool is None:
             raise ConnectionError(f"the {self.describe()} broker is not connected")
         return self._conn.pool
@@ -131,7 +125,7 @@ class PostgresBroker(Broker):
         wires = [j.encode() for j in jobs]
         levels = [j.priority for j in jobs]
         sql = statement("publish", self._s)
-        await self._pool.execute(sql, self.queue, wires, levels, run_at, self._channel)
+        await self.pool.execute(sql, self.queue, wires, levels, run_at, self._channel)
 
     async def publish(self, jobs: Sequence[Job]) -> None:
         await self._insert(jobs, 0.0)
@@ -148,7 +142,7 @@ class PostgresBroker(Broker):
         await self.connect()
         now = time.time()
         s = self._s
-        async with self._pool.acquire() as c, c.transaction():
+        async with self.pool.acquire() as c, c.transaction():
             await c.execute("SELECT pg_advisory_xact_lock(hashtext($1))", f"{self.queue}:{job.key}")
             found = await c.fetchval(statement("key_find", s), self.queue, job.key, now)
             if found is not None:
@@ -170,7 +164,7 @@ class PostgresBroker(Broker):
             f'SELECT 1 FROM "{self._s}".aqw_keys '
             "WHERE queue = $1 AND kind = $2 AND key = $3 AND expires_at > $4"
         )
-        return await self._pool.fetchval(sql, self.queue, "done", job.key, time.time()) is not None
+        return await self.pool.fetchval(sql, self.queue, "done", job.key, time.time()) is not None
 
     # -- consuming -------------------------------------------------------------------------
 
@@ -181,7 +175,7 @@ class PostgresBroker(Broker):
         deadline = time.monotonic() + block
         while True:
             self._wake.clear()
-            rows = await self._pool.fetch(sql, self.queue, count, self.consumer, time.time())
+            rows = await self.pool.fetch(sql, self.queue, count, self.consumer, time.time())
             if rows or block <= 0:
                 break
             left = deadline - time.monotonic()
@@ -199,13 +193,13 @@ class PostgresBroker(Broker):
         if self._conn.pool is None:
             return None
         now = time.time()
-        due = await self._pool.fetchval(statement("next_due", self._s), self.queue, now)
+        due = await self.pool.fetchval(statement("next_due", self._s), self.queue, now)
         return None if due is None else max(0.0, due - now)
 
     async def keep_alive(self, delivery: Delivery) -> bool:
         sql = statement("keep_alive", self._s)
         return (
-            await self._pool.fetchval(sql, int(delivery.id), self.consumer, time.time()) is not None
+            await self.pool.fetchval(sql, int(delivery.id), self.consumer, time.time()) is not None
         )
 
     async def reclaim(
@@ -213,7 +207,7 @@ class PostgresBroker(Broker):
     ) -> list[Delivery]:
         now = time.time()
         sql = statement("reclaim_candidates", self._s)
-        rows = await self._pool.fetch(sql, self.queue, now - min_idle, max(count * 4, 16))
+        rows = await self.pool.fetch(sql, self.queue, now - min_idle, max(count * 4, 16))
         out: list[Delivery] = []
         claim = statement("reclaim_one", self._s)
         for r in rows:
@@ -226,7 +220,7 @@ class PostgresBroker(Broker):
             if now - r["held_at"] < lease_ttl(job):
                 continue
             key = self.job_lease_key(job) if job is not None else ""
-            n = await self._pool.fetchval(
+            n = await self.pool.fetchval(
                 claim, r["id"], self.consumer, now, r["consumer"], r["held_at"], key
             )
             if n is not None:
@@ -238,7 +232,7 @@ class PostgresBroker(Broker):
             f'UPDATE "{self._s}".aqw_jobs SET consumer = NULL WHERE queue = $1 AND consumer = $2 '
             "AND NOT (id = ANY($3::bigint[])) RETURNING 1"
         )
-        async with self._pool.acquire() as c, c.transaction():
+        async with self.pool.acquire() as c, c.transaction():
             rows = await c.fetch(sql, self.queue, self.consumer, [int(i) for i in running])
             if rows:
                 await c.execute("SELECT pg_notify($1, '')", self._channel)
@@ -248,7 +242,7 @@ class PostgresBroker(Broker):
 
     def lease_backend(self) -> LeaseBackend:
         if self._leases is None:
-            self._leases = PgLeases(_PoolOf(self), self._s, self.queue)
+            self._leases = PgLeases(PoolOf(self), self._s, self.queue)
         return self._leases
 
     def job_lease_backend(
@@ -262,7 +256,7 @@ class PostgresBroker(Broker):
     async def _settle(self, delivery: Delivery, lease: Lease | None, step: Step) -> Any:
         """Run ``step(conn, row)`` in one transaction, when the held row is still ours."""
         s = self._s
-        async with self._pool.acquire() as c, c.transaction():
+        async with self.pool.acquire() as c, c.transaction():
             row = await c.fetchrow(statement("take", s), int(delivery.id))
             if row is None:
                 return None
@@ -379,85 +373,26 @@ class PostgresBroker(Broker):
 
     async def depth(self) -> QueueDepth:
         await self.connect()
-        r = await self._pool.fetchrow(statement("depth", self._s), self.queue, time.time())
+        r = await self.pool.fetchrow(statement("depth", self._s), self.queue, time.time())
         return QueueDepth(r["waiting"], r["in_flight"], r["delayed"], r["dead"])
 
     async def stats(self) -> dict[str, int]:
         sql = f'SELECT name, value FROM "{self._s}".aqw_stats WHERE queue = $1'
-        return {r["name"]: r["value"] for r in await self._pool.fetch(sql, self.queue)}
+        return {r["name"]: r["value"] for r in await self.pool.fetch(sql, self.queue)}
 
     # -- dead letters ----------------------------------------------------------------------
 
     async def dlq_list(self, count: int = 100, after: str | None = None) -> list[DeadJob]:
-        start = _entry(after) if after is not None else 0
-        rows = await self._pool.fetch(
-            statement("dead_list", self._s), self.queue, start or 0, count
-        )
-        return [_dead(r) for r in rows]
+        return await self._dead.page(count, after)
 
     async def dlq_get(self, entry_id: str) -> DeadJob | None:
-        n = _entry(entry_id)
-        if n is None:
-            return None
-        sql = f'SELECT * FROM "{self._s}".aqw_dead WHERE queue = $1 AND id = $2'
-        row = await self._pool.fetchrow(sql, self.queue, n)
-        return None if row is None else _dead(row)
+        return await self._dead.get(entry_id)
 
     async def dlq_replay(self, entries: Sequence[tuple[str, Job]]) -> int:
-        replayed = 0
-        delete = f'DELETE FROM "{self._s}".aqw_dead WHERE queue = $1 AND id = $2 RETURNING 1'
-        async with self._pool.acquire() as c, c.transaction():
-            for entry_id, job in entries:
-                n = _entry(entry_id)
-                if n is None or await c.fetchval(delete, self.queue, n) is None:
-                    continue
-                sql = statement("publish", self._s)
-                await c.execute(sql, self.queue, [job.encode()], [job.priority], 0.0, self._channel)
-                replayed += 1
-        for _, job in entries[:replayed]:
+        replayed = await self._dead.replay(entries)
+        for job in replayed:
             self._records.replayed(job)
-        return replayed
+        return len(replayed)
 
     async def dlq_delete(self, entry_ids: Sequence[str]) -> int:
-        ids = [n for n in (_entry(i) for i in entry_ids) if n is not None]
-        sql = (
-            f'DELETE FROM "{self._s}".aqw_dead '
-            "WHERE queue = $1 AND id = ANY($2::bigint[]) RETURNING 1"
-        )
-        return len(await self._pool.fetch(sql, self.queue, ids))
-
-
-class _PoolOf:
-    """The broker's pool, looked up at each call (the pool opens at ``connect``)."""
-
-    __slots__ = ("_broker",)
-
-    def __init__(self, broker: PostgresBroker) -> None:
-        self._broker = broker
-
-    async def fetchval(self, sql: str, *args: Any) -> Any:
-        await self._broker.connect()
-        return await self._broker._pool.fetchval(sql, *args)
-
-
-def _entry(entry_id: str) -> int | None:
-    try:
-        return int(entry_id)
-    except ValueError:
-        return None
-
-
-def _dead(r: Any) -> DeadJob:
-    return DeadJob(
-        id=str(r["id"]),
-        data=bytes(r["data"]),
-        task=r["task"],
-        error_type=r["error_type"],
-        error=r["error"],
-        traceback=r["traceback"],
-        attempts=r["attempts"],
-        first_failed_at=r["first_failed_at"],
-        last_failed_at=r["last_failed_at"],
-        worker=r["worker"],
-        job_id=r["job_id"],
-    )
+        return await self._dead.delete(entry_ids)

@@ -3,9 +3,17 @@ token per queue that moves on in the same statement as a successful acquire."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from ._sql import statement
+
+
+class Connected(Protocol):
+    """A broker whose pool opens at ``connect``."""
+
+    @property
+    def pool(self) -> Any: ...
+    async def connect(self) -> None: ...
 
 
 class PgLeases:
@@ -29,3 +37,28 @@ class PgLeases:
 
     async def release(self, key: str, token: str) -> bool:
         return await self._pool.fetchval(self._release, key, token) is not None
+
+
+class PoolOf:
+    """The broker's pool, looked up at each call (it opens at the broker's ``connect``)."""
+
+    __slots__ = ("_broker",)
+
+    def __init__(self, broker: Connected) -> None:
+        self._broker = broker
+
+    async def _open(self) -> Any:
+        await self._broker.connect()
+        return self._broker.pool
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        return await (await self._open()).fetchval(sql, *args)
+
+    async def fetch(self, sql: str, *args: Any) -> Any:
+        return await (await self._open()).fetch(sql, *args)
+
+    async def fetchrow(self, sql: str, *args: Any) -> Any:
+        return await (await self._open()).fetchrow(sql, *args)
+
+    def acquire(self) -> Any:
+        return self._broker.pool.acquire()
