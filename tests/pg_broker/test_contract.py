@@ -15,7 +15,14 @@ import pytest
 from aqw.brokers.base import Broker
 from aqw.brokers.postgres import PostgresBroker
 from aqw.brokers.postgres._connection import Connection
-from aqw.testing.contract import RecordsContract, Subject, Traits, TransportContract
+from aqw.testing.contract import (
+    MarksContract,
+    RecordsContract,
+    StatusContract,
+    Subject,
+    Traits,
+    TransportContract,
+)
 from tests._helpers import PG_DSNS
 
 pytestmark = pytest.mark.timeout(60)
@@ -47,4 +54,12 @@ class TestPostgresTransport(TransportContract):
 
 
 class TestPostgresRecords(RecordsContract):
+    pass
+
+
+class TestPostgresStatus(StatusContract):
+    pass
+
+
+class TestPostgresMarks(MarksContract):
     pass

@@ -6,7 +6,8 @@ Leases are rows of ``aqw_leases`` (token, expiry on the server's clock) with a f
 per queue moved in the acquire's own statement. A settle is one transaction that locks the
 held row and the lease row, checks the holder (the lease's token, else the consumer) and
 moves the row; a refused settle touches nothing. Finished rows are deleted at their settle.
-Job records, worker status and schedule marks live in this process (``shared = False``).
+Schedule marks and worker heartbeats are tables (shared); job records live in this process
+(``shared = False``: results and cancels from another process are refused at worker start).
 """
 
 from __future__ import annotations
@@ -25,17 +26,12 @@ from ...flow import Limits
 from ...job import Job
 from ...lease import Lease, LeaseBackend
 from ..base import Broker
-from ..local import (
-    LocalJobRecords,
-    LocalScheduleMarks,
-    LocalStartGuard,
-    LocalWorkerStatus,
-    still_ours,
-)
+from ..local import LocalJobRecords, LocalStartGuard, still_ours
 from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth
 from ._connection import Connection, channel_of
 from ._dead import DeadLetters
 from ._leases import PgLeases, PoolOf
+from ._parts import PgScheduleMarks, PgWorkerStatus
 from ._sql import check_schema, statement
 
 #: Default connections of a process's pool to one database.
@@ -78,11 +74,12 @@ class PostgresBroker(Broker):
 
     def __init__(self, conn: Connection, queue: str) -> None:
         self._records = LocalJobRecords(queue)
+        pool = PoolOf(self)
         super().__init__(
             queue,
             records=self._records,
-            status=LocalWorkerStatus(),
-            marks=LocalScheduleMarks(),
+            status=PgWorkerStatus(pool, conn.schema, queue),
+            marks=PgScheduleMarks(pool, conn.schema, queue),
         )
         self._conn = conn
         self._s = conn.schema

@@ -57,6 +57,9 @@ class PoolOf:
     async def fetch(self, sql: str, *args: Any) -> Any:
         return await (await self._open()).fetch(sql, *args)
 
+    async def execute(self, sql: str, *args: Any) -> Any:
+        return await (await self._open()).execute(sql, *args)
+
     async def fetchrow(self, sql: str, *args: Any) -> Any:
         return await (await self._open()).fetchrow(sql, *args)
 
