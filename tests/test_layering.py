@@ -87,6 +87,8 @@ LAZY_EXTRAS: dict[tuple[str, str], str] = {
     ("aqw.brokers.sqs._keys", "aqw.brokers.sqs._keys_pg"): "asyncpg: the 'postgres' extra",
     # postgresql:// needs the 'postgres' extra (asyncpg); loaded only when a URL asks for it.
     ("aqw.brokers", "aqw.brokers.postgres"): "asyncpg is the optional 'postgres' extra",
+    # aqw db sql --broker-tables: the broker's SQL, without asyncpg for the rest of the CLI.
+    ("aqw.cli._outbox", "aqw.brokers.postgres"): "asyncpg is the optional 'postgres' extra",
     # aqw dashboard needs the 'dashboard' extra (starlette, jinja2); loaded when it runs.
     ("aqw.cli._dashboard", "aqw.dashboard"): "starlette and jinja2: the 'dashboard' extra",
 }

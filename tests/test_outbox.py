@@ -399,7 +399,7 @@ async def test_cli_status_migrate_and_sql(
     from aqw.cli._main import run_command
 
     assert await run_command(["db", "migrate", app_module]) == 0
-    assert "up to date" in capsys.readouterr().out
+    assert "outbox: up to date" in capsys.readouterr().out
     assert await run_command(["outbox", "status", app_module, "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == {"pending": 0, "oldest_age": 0.0}
     await setup.conn.execute(
@@ -417,6 +417,9 @@ async def test_cli_status_migrate_and_sql(
     assert (
         "INSERT INTO \"elsewhere\".aqw_migrations (component, version) VALUES ('outbox', 1)" in sql
     )
+    assert await run_command(["db", "sql", "--broker-tables", "--schema", "s2"]) == 0
+    sql = capsys.readouterr().out
+    assert 'CREATE TABLE "s2".aqw_jobs' in sql and "VALUES ('broker', 2)" in sql
 
 
 async def test_db_sql_applied_by_hand_then_migrate_finds_nothing_to_do(setup: Setup) -> None:

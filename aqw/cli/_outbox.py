@@ -3,8 +3,10 @@
 - ``aqw outbox status APP [--max-age S] [--json]``: rows not relayed yet and the age of the
   oldest; with ``--max-age``, exit 1 when the oldest is older (a check for cron or a probe).
 - ``aqw outbox relay APP``: run the relay alone (workers run one too; one leads).
-- ``aqw db migrate APP``: create or bring up to date the outbox's tables (versioned).
-- ``aqw db sql [APP] [--schema S]``: print the migrations, for teams that run their own.
+- ``aqw db migrate APP``: create or bring up to date the tables of the app's outbox and of
+  its PostgreSQL broker (versioned).
+- ``aqw db sql [APP] [--schema S] [--broker-tables]``: print the migrations, for teams that
+  run their own (the outbox's; with ``--broker-tables``, the PostgreSQL broker's).
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ def add_parser(sub: Any) -> None:
     sq = dsub.add_parser("sql", help="print the migrations' SQL")
     add_target(sq, positional_app=True)
     sq.add_argument("--schema", help="the schema to write them for (default: the app's)")
+    sq.add_argument(
+        "--broker-tables", action="store_true", help="the PostgreSQL broker's tables instead"
+    )
     add_log_options(sq)
 
 
@@ -91,14 +96,26 @@ async def run_db(args: argparse.Namespace) -> int:
     """``aqw db migrate`` and ``aqw db sql``."""
     if args.db_command == "sql":
         app = resolve_app(args, need_app=False) if (args.app or args.app_word) else None
+        if args.broker_tables:
+            from ..brokers.postgres import migration_sql
+
+            print(migration_sql(args.schema or "aqw"), end="")
+            return 0
         url = app.outbox.dsn if app is not None and app.outbox is not None else "postgresql://"
         schema = args.schema or (app.outbox.schema if app and app.outbox else "public")
         print(Outbox(url, schema=schema).sql(), end="")
         return 0
     app = resolve_app(args)
+    pg_broker = app.broker.system == "postgresql"
+    if app.outbox is None and not pg_broker:
+        raise CliError("the app has no PostgreSQL tables: no outbox and not a postgresql:// broker")
     try:
-        applied = await _outbox(app).migrate()
+        if pg_broker:
+            await app.broker.connect()  # migrates the broker's tables
+            print("the broker's tables are up to date")
+        if app.outbox is not None:
+            applied = await app.outbox.migrate()
+            print(f"outbox: applied migrations {applied}" if applied else "outbox: up to date")
     finally:
         await app.close()
-    print(f"applied migrations {applied}" if applied else "the tables are up to date")
     return 0
