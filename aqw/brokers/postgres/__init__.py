@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from ._broker import PostgresBroker, from_url
+from ._broker import PostgresBroker
 from ._sql import migration_sql
+from ._url import from_url
 
 __all__ = ["PostgresBroker", "from_url", "migration_sql"]

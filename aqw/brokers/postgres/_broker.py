@@ -3,7 +3,7 @@
 A job is a row of ``aqw_jobs``; a fetch claims the oldest due rows of the highest priority
 ``FOR UPDATE SKIP LOCKED``; a publish notifies the queue's channel, waking blocking fetches.
 Leases are rows of ``aqw_leases`` (token, expiry on the server's clock) with a fencing token
-per queue moved in the acquire's own statement. A settle is one transaction that locks the
+drawn from a sequence in the acquire's own statement. A settle is one transaction that locks the
 held row and the lease row, checks the holder (the lease's token, else the consumer) and
 moves the row; a refused settle touches nothing. Finished rows are deleted at their settle.
 Schedule marks and worker heartbeats are tables (shared); job records live in this process
@@ -14,49 +14,37 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import asyncpg
 
-from ...errors import ConfigError
 from ...flow import Limits
 from ...job import Job
 from ...lease import Lease, LeaseBackend
 from ..base import Broker
-from ..local import LocalJobRecords, LocalStartGuard, still_ours
+from ..local import LocalJobRecords, LocalStartGuard
+from ..local.start import DeliveryCheck
 from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth
+from ._batch import Batcher
 from ._connection import Connection, channel_of
 from ._dead import DeadLetters
 from ._leases import PgLeases, PoolOf
 from ._parts import PgScheduleMarks, PgWorkerStatus
-from ._sql import check_schema, statement
+from ._sql import statement
 
-#: Default connections of a process's pool to one database.
-POOL_SIZE = 10
-_CONNECTIONS: dict[tuple[str, str, int], Connection] = {}
+#: An ack: row id, lease key, lease token, completion key, job id, completion expiry.
+AckArgs = tuple[int, str, str, str | None, str, float]
 #: A settle's own writes, given its transaction's connection and the locked held row.
 Step = Callable[[Any, Any], Awaitable[Any]]
 
 
-def from_url(url: str, queue: str) -> PostgresBroker:
-    """``postgresql://user@host:5432/db?queue=emails&schema=aqw&pool=10``."""
-    parts = urlsplit(url)
-    query = dict(parse_qsl(parts.query))
-    queue = query.pop("queue", queue)
-    schema = check_schema(query.pop("schema", "aqw"))
-    try:
-        pool = int(query.pop("pool", POOL_SIZE))
-    except ValueError:
-        raise ConfigError(f"postgresql:// pool must be an integer, in {url!r}") from None
-    dsn = urlunsplit(parts._replace(query=urlencode(query)))
-    key = (dsn, schema, pool)
-    conn = _CONNECTIONS.get(key)
-    if conn is None or conn.pool is None:
-        conn = _CONNECTIONS[key] = Connection(dsn, schema, pool)
-    return PostgresBroker(conn, queue)
+def _shard() -> int:
+    """A stats row of 16, at random: concurrent settles rarely meet on one."""
+    return random.randrange(16)
 
 
 class PostgresBroker(Broker):
@@ -86,6 +74,7 @@ class PostgresBroker(Broker):
         self._channel = channel_of(conn.schema, queue)
         self._wake: Any = None
         self._leases: PgLeases | None = None
+        self._acks: Batcher[AckArgs, bool] = Batcher(self._ack_many)
         self._dead = DeadLetters(PoolOf(self), self._s, queue, self._channel)
 
     def describe(self) -> str:
@@ -245,8 +234,20 @@ class PostgresBroker(Broker):
     def job_lease_backend(
         self, job: Job, limits: Limits | None = None, delivery: Delivery | None = None
     ) -> LeaseBackend:
-        check = still_ours(self, delivery)
+        check = None if delivery is None else self._still_ours(delivery)
         return LocalStartGuard(self.lease_backend(), self._records, job, self.consumer, check)
+
+    def _still_ours(self, delivery: Delivery) -> DeliveryCheck:
+        """The start's check: a read (no write to commit) of whether the row is still held
+        by this consumer; an ended job's delivery is dropped with an ack naming no job."""
+        sql = f'SELECT 1 FROM "{self._s}".aqw_jobs WHERE id = $1 AND consumer = $2'
+
+        async def check(drop: bool) -> bool:
+            if drop:
+                return await self.ack(delivery, None, None)
+            return await self.pool.fetchval(sql, int(delivery.id), self.consumer) is not None
+
+        return check
 
     # -- settling --------------------------------------------------------------------------
 
@@ -276,24 +277,25 @@ class PostgresBroker(Broker):
         finish: Finish,
         record_ttl: float,
     ) -> bool:
-        async def step(c: Any, row: Any) -> bool:
-            await c.execute(f'DELETE FROM "{self._s}".aqw_jobs WHERE id = $1', int(delivery.id))
-            if job is not None:
-                await c.execute(statement("bump", self._s), self.queue, "processed")
-                if job.key is not None and record_ttl > 0:
-                    now = time.time()
-                    await c.execute(
-                        statement("key_put", self._s),
-                        self.queue,
-                        "done",
-                        job.key,
-                        job.id,
-                        now + record_ttl,
-                        now,
-                    )
-            return True
+        """Batched with the acks made meanwhile into one statement (``ack_many.sql``)."""
+        done = job is not None and job.key is not None and record_ttl > 0
+        return await self._acks.submit(
+            (
+                int(delivery.id),
+                lease.key if lease is not None else "",
+                lease.token if lease is not None else "",
+                job.key if done and job is not None else None,
+                job.id if job is not None else "",
+                time.time() + record_ttl,
+            )
+        )
 
-        return bool(await self._settle(delivery, lease, step))
+    async def _ack_many(self, acks: Sequence[AckArgs]) -> list[bool]:
+        cols = list(zip(*acks, strict=True))
+        sql = statement("ack_many", self._s)
+        rows = await self.pool.fetch(sql, *cols, self.consumer, self.queue, _shard())
+        gone = {r["id"] for r in rows}
+        return [a[0] in gone for a in acks]
 
     async def _move(
         self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None, stat: str | None
@@ -305,7 +307,7 @@ class PostgresBroker(Broker):
             )
             await c.execute(sql, int(delivery.id), job.encode(), job.priority, run_at)
             if stat is not None:
-                await c.execute(statement("bump", self._s), self.queue, stat)
+                await c.execute(statement("bump", self._s), self.queue, stat, _shard())
             await c.execute("SELECT pg_notify($1, '')", self._channel)
             return True
 
@@ -360,7 +362,7 @@ class PostgresBroker(Broker):
                 failure.failed_at,
                 failure.worker,
             )
-            await c.execute(statement("bump", self._s), self.queue, "dead")
+            await c.execute(statement("bump", self._s), self.queue, "dead", _shard())
             return str(entry)
 
         entry: str | None = await self._settle(delivery, lease, step)
@@ -374,7 +376,10 @@ class PostgresBroker(Broker):
         return QueueDepth(r["waiting"], r["in_flight"], r["delayed"], r["dead"])
 
     async def stats(self) -> dict[str, int]:
-        sql = f'SELECT name, value FROM "{self._s}".aqw_stats WHERE queue = $1'
+        sql = (
+            f'SELECT name, sum(value)::bigint AS value FROM "{self._s}".aqw_stats '
+            "WHERE queue = $1 GROUP BY name"
+        )
         return {r["name"]: r["value"] for r in await self.pool.fetch(sql, self.queue)}
 
     # -- dead letters ----------------------------------------------------------------------

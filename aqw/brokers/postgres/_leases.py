@@ -1,5 +1,5 @@
 """Leases in PostgreSQL: a row per key (token, expiry on the server's clock), and a fencing
-token per queue that moves on in the same statement as a successful acquire."""
+token drawn from the schema's sequence in the same statement as a successful acquire."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class PgLeases:
         self._release = statement("lease_release", schema)
 
     async def acquire(self, key: str, token: str, ttl_ms: int) -> int | None:
-        fence = await self._pool.fetchval(self._acquire, key, token, ttl_ms, self._queue)
+        fence = await self._pool.fetchval(self._acquire, key, token, ttl_ms)
         return None if fence is None else int(fence)
 
     async def renew(self, key: str, token: str, ttl_ms: int) -> bool:

@@ -16,16 +16,13 @@ CREATE INDEX aqw_jobs_waiting ON {schema}.aqw_jobs (queue, priority DESC, run_at
 CREATE INDEX aqw_jobs_held ON {schema}.aqw_jobs (queue, held_at) WHERE consumer IS NOT NULL;
 
 -- Leases (job leases, resource locks, the scheduler's and the relay's): the holder's token
--- and the expiry on the server's clock. Fencing tokens come from aqw_fences, per queue.
+-- and the expiry on the server's clock. Fencing tokens come from the sequence aqw_fence.
 CREATE TABLE {schema}.aqw_leases (
     key text PRIMARY KEY,
     token text NOT NULL,
     expires_at double precision NOT NULL
 );
-CREATE TABLE {schema}.aqw_fences (
-    queue text PRIMARY KEY,
-    value bigint NOT NULL DEFAULT 0
-);
+CREATE SEQUENCE {schema}.aqw_fence;
 
 CREATE TABLE {schema}.aqw_dead (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -53,9 +50,11 @@ CREATE TABLE {schema}.aqw_keys (
     PRIMARY KEY (queue, kind, key)
 );
 
+-- Lifetime counters, spread over shards so that concurrent settles do not queue on one row.
 CREATE TABLE {schema}.aqw_stats (
     queue text NOT NULL,
     name text NOT NULL,
+    shard smallint NOT NULL DEFAULT 0,
     value bigint NOT NULL DEFAULT 0,
-    PRIMARY KEY (queue, name)
+    PRIMARY KEY (queue, name, shard)
 );
