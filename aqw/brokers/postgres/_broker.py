@@ -1,20 +1,16 @@
 """``PostgresBroker``: a queue in PostgreSQL tables (``docs/brokers/postgresql.md``).
 
-A job is a row of ``aqw_jobs``; a fetch claims the oldest due rows of the highest priority
-``FOR UPDATE SKIP LOCKED``; a publish notifies the queue's channel, waking blocking fetches.
-Leases are rows of ``aqw_leases`` (token, expiry on the server's clock) with a fencing token
-drawn from a sequence in the acquire's own statement. A settle is one transaction that locks the
-held row and the lease row, checks the holder (the lease's token, else the consumer) and
-moves the row; a refused settle touches nothing. Finished rows are deleted at their settle.
-Schedule marks and worker heartbeats are tables (shared); job records live in this process
-(``shared = False``: results and cancels from another process are refused at worker start).
+Rows of ``aqw_jobs`` claimed ``FOR UPDATE SKIP LOCKED``; NOTIFY wakes blocking fetches;
+leases are rows of ``aqw_leases`` with fencing tokens from a sequence; the start checks,
+lease acquires and acks made meanwhile go out batched (``_batch.py``); other settles are one
+transaction that checks the holder first. Marks and heartbeats are shared tables; job
+records live in this process (``shared = False``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -29,7 +25,7 @@ from ..base import Broker
 from ..local import LocalJobRecords, LocalStartGuard
 from ..local.start import DeliveryCheck
 from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth
-from ._batch import Batcher
+from ._batch import Batcher, shard
 from ._connection import Connection, channel_of
 from ._dead import DeadLetters
 from ._leases import PgLeases, PoolOf
@@ -40,11 +36,6 @@ from ._sql import statement
 AckArgs = tuple[int, str, str, str | None, str, float]
 #: A settle's own writes, given its transaction's connection and the locked held row.
 Step = Callable[[Any, Any], Awaitable[Any]]
-
-
-def _shard() -> int:
-    """A stats row of 16, at random: concurrent settles rarely meet on one."""
-    return random.randrange(16)
 
 
 class PostgresBroker(Broker):
@@ -75,11 +66,12 @@ class PostgresBroker(Broker):
         self._wake: Any = None
         self._leases: PgLeases | None = None
         self._acks: Batcher[AckArgs, bool] = Batcher(self._ack_many)
+        self._checks: Batcher[int, bool] = Batcher(self._held)
         self._dead = DeadLetters(PoolOf(self), self._s, queue, self._channel)
 
     def describe(self) -> str:
-        where = urlsplit(self._conn.dsn)
-        return f"postgresql://{where.hostname}:{where.port or 5432}{where.path} queue={self.queue}"
+        at = urlsplit(self._conn.dsn)
+        return f"postgresql://{at.hostname}:{at.port or 5432}{at.path} queue={self.queue}"
 
     def sibling(self, queue: str) -> PostgresBroker:
         return PostgresBroker(self._conn, queue)
@@ -238,16 +230,20 @@ class PostgresBroker(Broker):
         return LocalStartGuard(self.lease_backend(), self._records, job, self.consumer, check)
 
     def _still_ours(self, delivery: Delivery) -> DeliveryCheck:
-        """The start's check: a read (no write to commit) of whether the row is still held
-        by this consumer; an ended job's delivery is dropped with an ack naming no job."""
-        sql = f'SELECT 1 FROM "{self._s}".aqw_jobs WHERE id = $1 AND consumer = $2'
+        """The start's check: a read (batched, nothing to commit) of whether the row is still
+        held by this consumer; an ended job's delivery is dropped with an ack naming no job."""
 
         async def check(drop: bool) -> bool:
             if drop:
                 return await self.ack(delivery, None, None)
-            return await self.pool.fetchval(sql, int(delivery.id), self.consumer) is not None
+            return await self._checks.submit(int(delivery.id))
 
         return check
+
+    async def _held(self, ids: Sequence[int]) -> list[bool]:
+        sql = f'SELECT id FROM "{self._s}".aqw_jobs WHERE id = ANY($1::bigint[]) AND consumer = $2'
+        mine = {r["id"] for r in await self.pool.fetch(sql, list(ids), self.consumer)}
+        return [i in mine for i in ids]
 
     # -- settling --------------------------------------------------------------------------
 
@@ -293,7 +289,7 @@ class PostgresBroker(Broker):
     async def _ack_many(self, acks: Sequence[AckArgs]) -> list[bool]:
         cols = list(zip(*acks, strict=True))
         sql = statement("ack_many", self._s)
-        rows = await self.pool.fetch(sql, *cols, self.consumer, self.queue, _shard())
+        rows = await self.pool.fetch(sql, *cols, self.consumer, self.queue, shard())
         gone = {r["id"] for r in rows}
         return [a[0] in gone for a in acks]
 
@@ -307,7 +303,7 @@ class PostgresBroker(Broker):
             )
             await c.execute(sql, int(delivery.id), job.encode(), job.priority, run_at)
             if stat is not None:
-                await c.execute(statement("bump", self._s), self.queue, stat, _shard())
+                await c.execute(statement("bump", self._s), self.queue, stat, shard())
             await c.execute("SELECT pg_notify($1, '')", self._channel)
             return True
 
@@ -362,7 +358,7 @@ class PostgresBroker(Broker):
                 failure.failed_at,
                 failure.worker,
             )
-            await c.execute(statement("bump", self._s), self.queue, "dead", _shard())
+            await c.execute(statement("bump", self._s), self.queue, "dead", shard())
             return str(entry)
 
         entry: str | None = await self._settle(delivery, lease, step)
