@@ -42,8 +42,17 @@ async def main(dsn: str, jobs: int, concurrency: int) -> None:
         t0 = time.perf_counter()
         await app.worker(concurrency=concurrency, burst=True).run()
         drain = done / (time.perf_counter() - t0)
-        print(json.dumps({"peer": "aqw-postgresql", "jobs": done, "drain": round(drain),
-                          "enqueue_bulk": round(bulk), "enqueue_single": round(single)}))
+        print(
+            json.dumps(
+                {
+                    "peer": "aqw-postgresql",
+                    "jobs": done,
+                    "drain": round(drain),
+                    "enqueue_bulk": round(bulk),
+                    "enqueue_single": round(single),
+                }
+            )
+        )
     finally:
         await app.close()
         conn = await asyncpg.connect(dsn)

@@ -46,10 +46,23 @@ async def main(dsn: str, jobs: int, concurrency: int) -> None:
             await queries.enqueue("noop", str(i).encode(), 0)
         single = 500 / (time.perf_counter() - t0)
         t0 = time.perf_counter()
-        await pgq.run(mode=QueueExecutionMode.drain, batch_size=100, max_concurrent_tasks=max(concurrency, 200))
+        await pgq.run(
+            mode=QueueExecutionMode.drain,
+            batch_size=100,
+            max_concurrent_tasks=max(concurrency, 200),
+        )
         drain = done / (time.perf_counter() - t0)
-        print(json.dumps({"peer": "pgqueuer", "jobs": done, "drain": round(drain),
-                          "enqueue_bulk": round(bulk), "enqueue_single": round(single)}))
+        print(
+            json.dumps(
+                {
+                    "peer": "pgqueuer",
+                    "jobs": done,
+                    "drain": round(drain),
+                    "enqueue_bulk": round(bulk),
+                    "enqueue_single": round(single),
+                }
+            )
+        )
     finally:
         await pool.close()
         await admin.execute(f'DROP DATABASE "{db}" WITH (FORCE)')

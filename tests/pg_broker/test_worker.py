@@ -144,3 +144,42 @@ async def test_a_sigkilled_worker_loses_nothing(where: tuple[str, str, str]) -> 
     assert finished == list(range(40))  # each job finished exactly once
     await conn.close()
     await app.close()
+
+
+async def test_connections_terminated_mid_run_lose_no_job(where: tuple[str, str, str]) -> None:
+    """``pg_terminate_backend`` of every connection of the worker (pool and listener) while
+    jobs run: the worker reconnects and the queue drains; every job ran (at least once: an
+    ack cut with its connection is redelivered, as after a crash)."""
+    dsn, schema, queue = where
+    app = aqw.App(f"{dsn}?schema={schema}&queue={queue}&application_name={schema}", lease_ttl=2)
+    seen: list[int] = []
+
+    @app.task(name="step")
+    async def step(n: int) -> None:
+        await asyncio.sleep(0.005)
+        seen.append(n)
+
+    await step.enqueue_many(list(range(300)))
+    admin = await asyncpg.connect(dsn)
+    try:
+        async with app.worker(concurrency=20):
+            await eventually(lambda: len(seen) >= 50, 30, "50 jobs ran")
+            killed = await admin.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = $1",
+                schema,
+            )
+
+            async def drained() -> bool:
+                try:
+                    depth = await app.broker.depth()
+                except Exception:  # the pool finding its connections gone
+                    return False
+                return depth.waiting + depth.in_flight + depth.delayed == 0
+
+            await eventually(drained, 60, "the queue drained after the terminations")
+    finally:
+        await admin.close()
+    assert killed >= 2  # the pool's connections and the listener
+    assert set(seen) == set(range(300))
+    await app.close()

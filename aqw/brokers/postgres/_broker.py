@@ -49,6 +49,8 @@ class PostgresBroker(Broker):
         asyncpg.PostgresConnectionError,
         asyncpg.InterfaceError,
         asyncpg.CannotConnectNowError,
+        # A connection the server cut mid-query can fail its reset on release this way.
+        asyncpg.InternalClientError,
     )
 
     def __init__(self, conn: Connection, queue: str) -> None:
