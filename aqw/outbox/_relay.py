@@ -38,6 +38,8 @@ log = logging.getLogger("aqw.outbox")
 
 #: The name of the relay's leader lease (``Broker.lock_key``).
 RELAY_LOCK = "aqw-outbox"
+#: Most seconds a stopping relay waits for its batch to commit.
+STOP_WAIT = 5.0
 #: Most seconds a failing relay waits before it tries again.
 BACKOFF_MAX = 5.0
 
@@ -144,13 +146,25 @@ class Relay:
             await conn.add_listener(channel, self._notified)
             while not self._stop.is_set():
                 self._wake.clear()
-                moved = await self.relay_batch(conn, lease.fencing_token)
+                moved = await self._whole_batch(conn, lease.fencing_token)
                 if moved < self.settings.batch:  # the table is drained: wait to be woken
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._wake.wait(), self.settings.poll)
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.shield(conn.close(timeout=2))
+
+    async def _whole_batch(self, conn: Any, fence: int) -> int:
+        """``relay_batch``, finished (committed or rolled back) even when the relay is
+        stopped meanwhile: a stop then waits for the batch's commit, at most ``STOP_WAIT``
+        seconds, and goes on (a batch cut short is published again, once, by the next)."""
+        batch = asyncio.ensure_future(self.relay_batch(conn, fence))
+        try:
+            return await asyncio.shield(batch)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(batch, STOP_WAIT)
+            raise
 
     def _notified(self, *_: object) -> None:
         self._wake.set()
