@@ -183,3 +183,26 @@ async def test_connections_terminated_mid_run_lose_no_job(where: tuple[str, str,
     assert killed >= 2  # the pool's connections and the listener
     assert set(seen) == set(range(300))
     await app.close()
+
+
+async def test_periodic_tasks_tick_once_across_two_workers(where: tuple[str, str, str]) -> None:
+    """Two workers (two brokers, as two processes would have) share the schedule marks and
+    the leader lease in PostgreSQL: each tick is enqueued once (its idempotency key)."""
+    ticks: list[str] = []
+    apps = []
+    for _ in range(2):
+        app = aqw.App(url(where))
+
+        @app.task(name="tick", schedule=aqw.Every(1))
+        async def tick(ctx: aqw.Context) -> None:
+            ticks.append(ctx.job.key or "")
+
+        apps.append(app)
+    async with apps[0].worker(concurrency=2), apps[1].worker(concurrency=2):
+        await eventually(lambda: len(ticks) >= 2, 30, "two ticks ran")
+    assert len(ticks) == len(set(ticks))  # no tick twice
+    assert all(k.startswith("cron:tick:") for k in ticks)
+    marks = await apps[0].broker.marks.read()
+    assert "tick" in marks
+    for app in apps:
+        await app.close()
