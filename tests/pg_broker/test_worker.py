@@ -182,6 +182,11 @@ async def test_connections_terminated_mid_run_lose_no_job(where: tuple[str, str,
         await admin.close()
     assert killed >= 2  # the pool's connections and the listener
     assert set(seen) == set(range(300))
+    # The listener is open again: the next fetch that waits reopened it.
+    await app.broker.fetch(1, 1.5)
+    assert await app.broker.fetch(1, 1.5) == []
+    listener = app.broker._conn._listener  # type: ignore[attr-defined]
+    assert listener is not None and not listener.is_closed()
     await app.close()
 
 

@@ -10,7 +10,6 @@ records live in this process (``shared = False``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -161,8 +160,10 @@ class PostgresBroker(Broker):
             left = deadline - time.monotonic()
             if left <= 0:
                 return []
-            with contextlib.suppress(TimeoutError):  # a delayed job may have come due
+            try:  # a delayed job may have come due, or the listener been cut
                 await asyncio.wait_for(self._wake.wait(), min(left, 1.0))
+            except TimeoutError:
+                await self._conn.relisten()
         rows = sorted(rows, key=lambda r: (-r["priority"], r["id"]))
         return [
             Delivery(str(r["id"]), bytes(r["job"]), delivery_count=r["deliveries"]) for r in rows

@@ -74,6 +74,19 @@ class Connection:
             await self._listener.add_listener(channel, self._notified)
         return event
 
+    async def relisten(self) -> bool:
+        """Reopen the listener when the server cut it (a restart, ``pg_terminate_backend``):
+        True when it listens again. Called by a fetch that waited without a notification."""
+        if self.pool is None or self._listener is None or not self._listener.is_closed():
+            return False
+        import asyncpg
+
+        listener = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT)
+        for channel in self._wakers:
+            await listener.add_listener(channel, self._notified)
+        self._listener = listener
+        return True
+
     def _notified(self, _conn: object, _pid: int, channel: str, _payload: str) -> None:
         event = self._wakers.get(channel)
         if event is not None:
