@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 import uuid
@@ -40,7 +41,9 @@ async def main(dsn: str, jobs: int, concurrency: int) -> None:
             await noop.enqueue(i)
         single = 500 / (time.perf_counter() - t0)
         t0 = time.perf_counter()
-        await app.worker(concurrency=concurrency, burst=True).run()
+        await app.worker(
+            concurrency=concurrency, prefetch=int(os.environ.get("AQW_PREFETCH", "0")), burst=True
+        ).run()
         drain = done / (time.perf_counter() - t0)
         print(
             json.dumps(
