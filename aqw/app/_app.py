@@ -76,7 +76,7 @@ class App:
             its own, so a Redis Cluster shares one queue's work among its masters
             (``aqw.brokers.redis.PartitionedBroker``; a URL's ``&partitions=P`` says the same).
             A job with a key stays in one partition. None: as the broker says (1).
-        outbox: a ``postgresql://`` URL (``?schema=``) or an ``aqw.Outbox``: where
+        outbox: a ``postgresql://`` URL (``?schema=``) or an ``aqw.outbox.Outbox``: where
             ``enqueue(..., conn=)`` writes jobs in the caller's transaction and the relay
             every worker runs reads them (``docs/concepts/outbox.md``).
     """

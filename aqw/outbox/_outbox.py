@@ -1,4 +1,5 @@
-"""``aqw.Outbox``: the database an app's transactional enqueues write to and its relay reads."""
+"""``aqw.outbox.Outbox``: the database an app's transactional enqueues write to and its
+relay reads."""
 
 from __future__ import annotations
 
@@ -115,5 +116,6 @@ def as_outbox(value: object) -> Outbox | None:
     if isinstance(value, str):
         return Outbox(value)
     raise ConfigError(
-        f"App outbox must be a postgresql:// URL or an aqw.Outbox, got {type(value).__name__}"
+        "App outbox must be a postgresql:// URL or an aqw.outbox.Outbox, got "
+        f"{type(value).__name__}"
     )

@@ -55,7 +55,7 @@ class RelayApp(Protocol):
 
 
 class RelaySettings(Protocol):
-    """Where and how the relay reads: ``aqw.Outbox``."""
+    """Where and how the relay reads: ``aqw.outbox.Outbox``."""
 
     schema: str
     batch: int
