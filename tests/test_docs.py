@@ -311,6 +311,8 @@ def _subcommand(words: list[str]) -> str:
         return f"job {words[1]}"
     if words[0] == "cron" and len(words) > 1 and words[1] == "list":
         return "cron list"
+    if words[0] in ("outbox", "db") and len(words) > 1:
+        return f"{words[0]} {words[1]}"  # outbox status|relay, db migrate|sql
     return words[0]
 
 
