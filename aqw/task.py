@@ -43,6 +43,7 @@ class TaskApp(Protocol):
         debounce_max: float | None = None,
         fairness_key: str | None = None,
         fairness_weight: float | None = None,
+        conn: Any = None,
     ) -> list[Enqueued]: ...
 
 
@@ -196,6 +197,7 @@ class Task(Generic[R]):
         debounce_max: float | None = None,
         fairness_key: str | None = None,
         fairness_weight: float | None = None,
+        conn: Any = None,
     ) -> Enqueued:
         """Enqueue one job and return its id.
 
@@ -222,6 +224,11 @@ class Task(Generic[R]):
                 first enqueue, however long the burst goes on (>= ``debounce``).
             fairness_key: the key whose fair share the job counts in (over the task's
                 ``fairness_key``); ``fairness_weight``: its weight (default: the task's, 1).
+            conn: a PostgreSQL connection (asyncpg, or psycopg 3 ``AsyncConnection``) with a
+                transaction open: the job is written to the app's outbox in that
+                transaction and relayed once it commits (never, if it rolls back). The
+                returned id is the job's; ``duplicate`` is always False (a key that matches
+                an earlier job is found by the relay, which then writes nothing).
         """
         return (
             await self.app.enqueue(
@@ -238,6 +245,7 @@ class Task(Generic[R]):
                 debounce_max=debounce_max,
                 fairness_key=fairness_key,
                 fairness_weight=fairness_weight,
+                conn=conn,
             )
         )[0]
 
@@ -252,10 +260,12 @@ class Task(Generic[R]):
         queue: str | None = None,
         fairness_key: str | None = None,
         fairness_weight: float | None = None,
+        conn: Any = None,
     ) -> list[Enqueued]:
         """Enqueue many jobs in one round trip; every payload is validated first. All of
         them take ``priority`` (default: the task's) and go to ``queue`` (default: the
-        task's, else the app's), and ``fairness_key``/``fairness_weight`` when given."""
+        task's, else the app's), and ``fairness_key``/``fairness_weight`` when given; with
+        ``conn``, as rows of the outbox in its transaction."""
         return await self.app.enqueue(
             self,
             list(payloads),
@@ -266,6 +276,7 @@ class Task(Generic[R]):
             queue=queue,
             fairness_key=fairness_key,
             fairness_weight=fairness_weight,
+            conn=conn,
         )
 
 

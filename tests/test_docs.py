@@ -316,6 +316,8 @@ def _subcommand(words: list[str]) -> str:
         return "cron list"
     if words[0] == "limits" and len(words) > 1 and words[1] in ("show", "set", "reset"):
         return f"limits {words[1]}"
+    if words[0] in ("outbox", "db") and len(words) > 1:
+        return f"{words[0]} {words[1]}"  # outbox status|relay, db migrate|sql
     return words[0]
 
 

@@ -9,7 +9,7 @@ L2    ``aqw.app`` (the App and its helpers)
 L3    ``aqw.worker``
 L4    ``aqw.task``, ``aqw.schedule``, ``aqw.context``, ``aqw.telemetry``, ``aqw.cache``,
       ``aqw.idempotency``, ``aqw.workflows`` (batches: the tasks' jobs on the broker's part),
-      ``aqw.scaling``
+      ``aqw.scaling``, ``aqw.outbox`` (transactional enqueue and its relay)
 L5    ``aqw.brokers``
 L6    ``aqw.lease`` (with Redlock), ``aqw.retry``, ``aqw.flow``
 L7    ``aqw._redis``, ``aqw.job``, ``aqw.errors``, ``aqw._ids``, ``aqw._cancel``,
@@ -67,6 +67,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "idempotency",
         "workflows",
         "scaling",
+        "outbox",
     ),
     ("brokers",),
     ("lease", "retry", "flow"),
@@ -98,6 +99,10 @@ LAZY_EXTRAS: dict[tuple[str, str], str] = {
     ("aqw.brokers", "aqw.brokers.sqs"): "aioboto3 is the optional 'sqs' extra",
     # sqs:// ...&records=postgresql://... needs the 'postgres' extra (asyncpg).
     ("aqw.brokers.sqs._keys", "aqw.brokers.sqs._keys_pg"): "asyncpg: the 'postgres' extra",
+    # postgresql:// needs the 'postgres' extra (asyncpg); loaded only when a URL asks for it.
+    ("aqw.brokers", "aqw.brokers.postgres"): "asyncpg is the optional 'postgres' extra",
+    # aqw db sql --broker-tables: the broker's SQL, without asyncpg for the rest of the CLI.
+    ("aqw.cli._outbox", "aqw.brokers.postgres"): "asyncpg is the optional 'postgres' extra",
     # aqw dashboard needs the 'dashboard' extra (starlette, jinja2); loaded when it runs.
     ("aqw.cli._dashboard", "aqw.dashboard"): "starlette and jinja2: the 'dashboard' extra",
 }

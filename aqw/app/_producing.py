@@ -1,5 +1,6 @@
 """The producer's step: validate payloads, build the jobs and hand them to their queue's broker
-(published now, scheduled for later, under an idempotency key, or debounced). Each job's
+(published now, scheduled for later, under an idempotency key, debounced, or written to the
+outbox in the caller's transaction, ``conn=``). Each job's
 wire form is made and looked at before anything is written (``check_jobs``): valid UTF-8
 JSON, no non-finite number, within its task's size cap; one bad job refuses the batch."""
 
@@ -16,6 +17,7 @@ from ..brokers.parts import Debounce
 from ..errors import ConfigError, PayloadTooLarge
 from ..flow import MAX_KEY, Fairness, check_weight, route_key
 from ..job import Job, non_finite_in
+from ..outbox import Outbox
 from ..task import GROUP_HEADER, Enqueued, Task
 from ..telemetry import Telemetry
 from ._arguments import check_headers, debounce_headers, enqueue_times, priority_of
@@ -30,6 +32,8 @@ class ProducerApp(Protocol):
     def idempotency_ttl(self) -> float: ...
     def broker_for(self, queue: str) -> Broker: ...
     def telemetry_for(self, queue: str) -> Telemetry: ...
+    @property
+    def outbox(self) -> Outbox | None: ...
 
 
 async def enqueue_jobs(
@@ -48,11 +52,13 @@ async def enqueue_jobs(
     priority: int | None,
     fairness_key: str | None = None,
     fairness_weight: float | None = None,
+    conn: Any = None,
 ) -> list[Enqueued]:
     """Enqueue one job of ``target`` per payload; every argument is checked and every payload
     validated before anything is written (the options are ``Task.enqueue``'s)."""
     if (
-        len(payloads) == 1
+        conn is None
+        and len(payloads) == 1
         and key is None
         and delay is None
         and at is None
@@ -89,11 +95,19 @@ async def enqueue_jobs(
     if fair is not None or fairness_key is not None or fairness_weight is not None:
         jobs = fair_jobs(target, fair, fairness_key, fairness_weight, payloads, bodies, jobs)
         if any(job.fairness_key is not None for job in jobs):
+            if conn is not None:
+                raise ConfigError(
+                    f"task {target.name!r}: a job with a fairness key cannot go through the "
+                    "outbox (conn=): its relay publishes to the queue, not to a fair turn"
+                )
             return await _enqueue_fair(app, broker, queue, target, jobs, key, run_at)
     if broker.routes_jobs:  # a partitioned queue: each id names the job's partition
         jobs = placed(broker, target, payloads, bodies, jobs)
     with app.telemetry_for(queue).publish(jobs):  # measured with the headers it adds
         check_jobs(target.name, target.options.max_payload_bytes, jobs)
+        if conn is not None:  # a row per job in the caller's transaction; the relay publishes
+            await outbox_of(app, debounce).write(conn, queue, jobs, run_at)
+            return [Enqueued(job.id) for job in jobs]
         if key is not None:
             if len(jobs) != 1:
                 raise ConfigError("enqueue: an idempotency key names exactly one job")
@@ -131,8 +145,15 @@ async def _enqueue_plain(
     return Enqueued(jobs[0].id)
 
 
+class QueueOwner(Protocol):
+    """What building a batch's jobs needs of the App: its queue."""
+
+    @property
+    def queue(self) -> str: ...
+
+
 def build_jobs(
-    app: ProducerApp,
+    app: QueueOwner,
     target: Task[Any],
     payloads: Sequence[Any],
     headers: dict[str, str],
@@ -242,6 +263,18 @@ async def _enqueue_fair(
         if plain:
             await broker.publish(plain)
     return [Enqueued(job.id) for job in jobs]
+
+
+def outbox_of(app: ProducerApp, debounce: float | None) -> Outbox:
+    """The app's outbox for an ``enqueue(..., conn=)``; a ConfigError when it has none."""
+    if app.outbox is None:
+        raise ConfigError(
+            "enqueue conn=: the app has no outbox: aqw.App(broker, outbox='postgresql://...') "
+            "names the database the relay reads"
+        )
+    if debounce is not None:
+        raise ConfigError("enqueue conn=: debounce cannot go through the outbox")
+    return app.outbox
 
 
 def debounced(broker: Broker) -> Debounce:

@@ -17,7 +17,53 @@ from ._arguments import check_task_name, check_task_options, priority_of
 
 
 class TaskSettings(TypedDict, total=False):
-    """The options of ``App.task`` besides ``name``; each is documented there."""
+    """The options of ``App.task`` besides ``name``.
+
+    Attributes:
+        max_retries: retries after the first run (overrides the policy's bound).
+        retry: this task's ``RetryPolicy`` (default: the app's).
+        retry_on: retry only these errors (an exception class or a tuple of them;
+            Celery's ``autoretry_for``): any other error dead-letters the job at once.
+        lease_ttl: seconds the job's lease lives between renewals.
+        timeout: seconds the handler may run before it is cancelled and retried.
+        sla: the expected duration in seconds; a job running past 2x is reported stuck.
+        invalidates: cache keys to invalidate in the app's ``cache`` when a job of this
+            task completes, after the handler's datastore write and before the ack: key
+            templates formatted with the payload's fields (``"user:{user_id}"``), or a
+            function of the payload returning keys.
+        max_payload_bytes: the most bytes a job of this task may take encoded
+            (default: the app's ``max_payload_bytes``).
+        keep_result: keep the handler's return value as JSON in the job's record, for
+            ``app.result`` (validated against the return annotation when it is a
+            pydantic model).
+        keep_for: seconds a finished job's record and result live (default: the
+            app's ``keep_for``).
+        max_result_bytes: the most bytes a kept result may take as JSON (default
+            1 MiB; None: no cap); a bigger one is not kept and the record says why.
+        dead_letter: move a job that fails for good to the dead-letter queue (the
+            default); False: it ends ``failed``, in its record only.
+        schedule: ``aqw.Cron("*/5 * * * *", tz=...)`` or ``aqw.Every(60)``: the workers
+            enqueue one job per tick, with no payload (see ``aqw.schedule``).
+        queue: the queue this task's jobs go to (default: the app's ``queue``); an
+            enqueue's ``queue=`` overrides it.
+        priority: the level of this task's jobs, an integer 0-9 (default 0; higher runs
+            first), unless an enqueue names its own.
+        rate_limit: most starts across every worker, ``"100/s"`` (also ``/min``, ``/h``),
+            evenly spaced; a job over it waits in the delayed set, no attempt spent.
+        rate_key: a function of the payload: one rate bucket per key it returns.
+        concurrency_key: a function of the payload; with ``max_per_key`` (an integer >= 1),
+            at most that many jobs of one key run at once across every worker.
+        max_per_key: see ``concurrency_key``.
+        group_key: a function of the validated payload returning the job's message
+            group, a string of 1-128 ASCII letters, digits and punctuation (else
+            ``enqueue`` raises a ConfigError naming ``group_key``), kept in the job's
+            ``aqw-group`` header (an enqueue's own ``headers={"aqw-group": ...}`` wins).
+            On SQS it is the ``MessageGroupId``: order per group on FIFO queues,
+            fairness per group (fair queues) on standard ones. The Redis and in-process
+            brokers carry it but do not order or share by it.
+        fairness_key, fairness_weight: a function of the payload or a constant each:
+            the job's fair-share key and its weight (``docs/concepts/fairness.md``).
+    """
 
     max_retries: int | None
     retry: RetryPolicy | None

@@ -77,11 +77,25 @@ def _sqs(url: str, queue: str, partitions: int | None) -> Broker:
     return broker
 
 
+def _postgres(url: str, queue: str, partitions: int | None) -> Broker:
+    _one_partition(partitions, "a PostgreSQL queue is one table")
+    try:
+        from .postgres import from_url as postgres_url
+    except ImportError as exc:  # pragma: no cover - depends on installed extras
+        raise ConfigError(
+            "the postgresql:// broker needs the 'postgres' extra: pip install 'aqw[postgres]'"
+        ) from exc
+    broker: Broker = postgres_url(url, queue)
+    return broker
+
+
 #: URL scheme -> the family that opens it.
 FAMILIES: dict[str, Family] = {
     "memory": _memory,
     **dict.fromkeys(redis.SCHEMES, redis.from_url),
     "sqs": _sqs,
+    "postgresql": _postgres,
+    "postgres": _postgres,
 }
 
 
@@ -124,6 +138,7 @@ def from_url(url: str, queue: str = "default", *, partitions: int | None = None)
     - ``redis+cluster://host:port[,host:port...]/?queue=name`` (``rediss+cluster://`` with
       TLS): a Redis Cluster, found from the nodes named
     - ``sqs://QUEUE_NAME?region=...&endpoint_url=...`` or ``sqs://`` + a queue URL
+    - ``postgresql://user@host/db?queue=name&schema=aqw``: a queue in PostgreSQL tables
     - any scheme an installed package registers in the ``aqw.brokers`` entry-point group
 
     A Redis URL's ``&partitions=P`` (or ``partitions``, which wins) spreads the queue over

@@ -1,5 +1,5 @@
 """The ``aqw`` command line: ``worker``, ``enqueue``, ``status``, ``job``, ``monitor``, ``dlq``,
-``cron``, ``bench``, ``batch`` and ``flow``.
+``cron``, ``bench``, ``batch``, ``flow``, ``outbox`` and ``db``.
 
 Settings come from arguments first, then ``AQW_*`` environment variables (``AQW_APP``,
 ``AQW_BROKER``, ``AQW_QUEUE``, ``AQW_CONCURRENCY``, ``AQW_PREFETCH``, ``AQW_GRACE``,
@@ -34,6 +34,7 @@ from . import _enqueue as enqueue_cli
 from . import _job as job_cli
 from . import _limits as limits_cli
 from . import _monitor as monitor_cli
+from . import _outbox as outbox_cli
 from . import _queue as queue_cli
 from . import _status as status_cli
 from . import _worker as worker_cli
@@ -70,6 +71,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = 
     "bench": bench_cli.run,
     "batch": batch_cli.run,
     "flow": batch_cli.run,
+    "outbox": outbox_cli.run_outbox,
+    "db": outbox_cli.run_db,
 }
 
 
@@ -98,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     limits_cli.add_parser(sub)
     dashboard_cli.add_parser(sub)
     batch_cli.add_parser(sub)
+    outbox_cli.add_parser(sub)
     return parser
 
 

@@ -2,9 +2,8 @@
 of its parts: ``Intake`` (``_intake.py``: fetch, promote, reclaim) feeds ``Slots``
 (``_slots.py``), each delivery runs as ``JobPath.process`` (``_job_path.py``: decode, find
 the task, validate, take the lease, run the handler in ``_handler.py``) and ends in a
-``Settler`` step (``_settle.py``). The worker sees its App through ``WorkerApp``, a
-Protocol.
-"""
+``Settler`` step (``_settle.py``); the outbox's relay runs beside them. The worker sees its
+App through ``WorkerApp``, a Protocol."""
 
 from __future__ import annotations
 
@@ -14,18 +13,17 @@ import logging
 import signal
 import time
 from collections.abc import Awaitable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from .._ids import consumer_name
 from .._text import plural
-from ..brokers.base import DEFAULT_PRIORITY_SHARE, Broker, QueueDepth
-from ..cache import Cache
+from ..brokers.base import DEFAULT_PRIORITY_SHARE, QueueDepth
 from ..context import Context
 from ..errors import BrokerUnavailable, ConfigError
 from ..job import Job
 from ..lease import Lease, LeaseKeeper
-from ..task import Task
-from ..telemetry import Telemetry
+from ..outbox import Relay
+from ._app import WorkerApp
 from ._failures import ErrorTracker, RunawayGuard
 from ._heartbeat import publish_beat, report_stuck, stuck_jobs, summary, withdraw
 from ._intake import Intake
@@ -47,31 +45,6 @@ log = logging.getLogger("aqw.worker")
 
 #: Seconds between the heartbeat loop's checks for stuck jobs.
 STUCK_CHECK = 0.25
-
-
-class WorkerApp(Protocol):
-    """What a worker needs of its App."""
-
-    @property
-    def broker(self) -> Broker: ...
-    @property
-    def queue(self) -> str: ...
-    @property
-    def tasks(self) -> Mapping[str, Task[Any]]: ...
-    @property
-    def lease_ttl(self) -> float: ...
-    @property
-    def idempotency_ttl(self) -> float: ...
-    @property
-    def redact_errors(self) -> bool: ...
-    @property
-    def cache(self) -> Cache | None: ...
-    @property
-    def telemetry(self) -> Telemetry: ...
-    def payload_limit(self, task_name: str | None) -> int | None: ...
-    def lease_ttl_of(self, job: Job | None) -> float: ...
-    def broker_for(self, queue: str) -> Broker: ...
-    def telemetry_for(self, queue: str) -> Telemetry: ...
 
 
 class Worker:
@@ -162,6 +135,7 @@ class Worker:
         #: loops: a warning when the broker stops answering, a line when it answers again.
         self.outage = Outage(self.broker.describe())
         self.scheduler = Scheduler(self.broker, app.tasks, self._stop, self.outage, self.name)
+        self.relay = None if app.outbox is None else Relay(app.outbox, app, self._stop, self.name)
         self.intake = Intake(
             self.broker,
             self.slots,
@@ -243,6 +217,8 @@ class Worker:
             spawn(self.scheduler.run(), name="aqw-scheduler"),
             spawn(self.broker.watch_cancels(self.running.cancel), name="aqw-cancels"),
         ]
+        if self.relay is not None:  # every worker runs one; the leader relays
+            self._loops.append(spawn(self.relay.run(), name="aqw-outbox"))
         if self.handle_signals:
             self._install_signal_handlers()
         self.tel.add_gauges(self._gauges)

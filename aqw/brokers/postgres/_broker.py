@@ -1,0 +1,399 @@
+"""``PostgresBroker``: a queue in PostgreSQL tables (``docs/brokers/postgresql.md``).
+
+Rows of ``aqw_jobs`` claimed ``FOR UPDATE SKIP LOCKED``; NOTIFY wakes blocking fetches;
+leases are rows of ``aqw_leases`` with fencing tokens from a sequence; the start checks,
+lease acquires and acks made meanwhile go out batched (``_batch.py``); other settles are one
+transaction that checks the holder first. Marks and heartbeats are shared tables; job
+records live in this process (``shared = False``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import asyncpg
+
+from ...flow import Limits
+from ...job import Job
+from ...lease import Lease, LeaseBackend
+from ..base import Broker
+from ..local import LocalJobRecords, LocalStartGuard
+from ..local.start import DeliveryCheck
+from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth
+from ._batch import Batcher, shard
+from ._connection import Connection, channel_of
+from ._dead import DeadLetters
+from ._leases import PgLeases, PoolOf
+from ._parts import PgScheduleMarks, PgWorkerStatus
+from ._sql import statement
+
+#: An ack: row id, lease key, lease token, completion key, job id, completion expiry.
+AckArgs = tuple[int, str, str, str | None, str, float]
+#: A settle's own writes, given its transaction's connection and the locked held row.
+Step = Callable[[Any, Any], Awaitable[Any]]
+
+
+class PostgresBroker(Broker):
+    """One queue in PostgreSQL; brokers of other queues share its connection (``sibling``)."""
+
+    system = "postgresql"
+    transient_errors = (
+        ConnectionError,
+        TimeoutError,
+        OSError,
+        asyncpg.PostgresConnectionError,
+        asyncpg.InterfaceError,
+        asyncpg.CannotConnectNowError,
+        # A connection the server cut mid-query can fail its reset on release this way.
+        asyncpg.InternalClientError,
+    )
+
+    def __init__(self, conn: Connection, queue: str) -> None:
+        self._records = LocalJobRecords(queue)
+        pool = PoolOf(self)
+        super().__init__(
+            queue,
+            records=self._records,
+            status=PgWorkerStatus(pool, conn.schema, queue),
+            marks=PgScheduleMarks(pool, conn.schema, queue),
+        )
+        self._conn = conn
+        self._s = conn.schema
+        self._channel = channel_of(conn.schema, queue)
+        self._wake: Any = None
+        self._leases: PgLeases | None = None
+        self._acks: Batcher[AckArgs, bool] = Batcher(self._ack_many)
+        self._checks: Batcher[int, bool] = Batcher(self._held)
+        self._dead = DeadLetters(PoolOf(self), self._s, queue, self._channel)
+
+    def describe(self) -> str:
+        at = urlsplit(self._conn.dsn)
+        return f"postgresql://{at.hostname}:{at.port or 5432}{at.path} queue={self.queue}"
+
+    def sibling(self, queue: str) -> PostgresBroker:
+        return PostgresBroker(self._conn, queue)
+
+    @property
+    def pool(self) -> Any:
+        if self._conn.pool is None:
+            raise ConnectionError(f"the {self.describe()} broker is not connected")
+        return self._conn.pool
+
+    async def connect(self) -> None:
+        if self._wake is None or self._conn.pool is None:
+            if self._wake is None:
+                self._conn.users += 1
+            self._wake = await self._conn.listen(self._channel)
+
+    async def close(self) -> None:
+        """Close this broker; the connection closes with the last broker using it."""
+        if self._wake is not None:
+            self._wake = None
+            self._conn.users -= 1
+            if self._conn.users <= 0:
+                await self._conn.close()
+
+    # -- producing -------------------------------------------------------------------------
+
+    async def _insert(self, jobs: Sequence[Job], run_at: float) -> None:
+        await self.connect()
+        wires = [j.encode() for j in jobs]
+        levels = [j.priority for j in jobs]
+        sql = statement("publish", self._s)
+        await self.pool.execute(sql, self.queue, wires, levels, run_at, self._channel)
+
+    async def publish(self, jobs: Sequence[Job]) -> None:
+        await self._insert(jobs, 0.0)
+        for job in jobs:
+            self._records.enqueued(job)
+
+    async def schedule(self, jobs: Sequence[Job], run_at: float) -> None:
+        await self._insert(jobs, run_at)
+        for job in jobs:
+            self._records.enqueued(job, run_at)
+
+    async def publish_unique(self, job: Job, ttl: float, run_at: float | None) -> tuple[str, bool]:
+        assert job.key is not None
+        await self.connect()
+        now = time.time()
+        s = self._s
+        async with self.pool.acquire() as c, c.transaction():
+            await c.execute("SELECT pg_advisory_xact_lock(hashtext($1))", f"{self.queue}:{job.key}")
+            found = await c.fetchval(statement("key_find", s), self.queue, job.key, now)
+            if found is not None:
+                return found, True
+            await c.execute(
+                statement("key_put", s), self.queue, "key", job.key, job.id, now + ttl, now
+            )
+            sql = statement("publish", s)
+            await c.execute(
+                sql, self.queue, [job.encode()], [job.priority], run_at or 0.0, self._channel
+            )
+        self._records.enqueued(job, run_at)
+        return job.id, False
+
+    async def is_completed(self, job: Job) -> bool:
+        if job.key is None:
+            return False
+        sql = (
+            f'SELECT 1 FROM "{self._s}".aqw_keys '
+            "WHERE queue = $1 AND kind = $2 AND key = $3 AND expires_at > $4"
+        )
+        return await self.pool.fetchval(sql, self.queue, "done", job.key, time.time()) is not None
+
+    # -- consuming -------------------------------------------------------------------------
+
+    async def fetch(self, count: int, block: float, share: float = 0.0) -> list[Delivery]:
+        """Strict priority order (``share`` is not used: the lowest levels wait their turn)."""
+        await self.connect()
+        sql = statement("fetch", self._s)
+        deadline = time.monotonic() + block
+        while True:
+            self._wake.clear()
+            rows = await self.pool.fetch(sql, self.queue, count, self.consumer, time.time())
+            if rows or block <= 0:
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return []
+            try:  # a delayed job may have come due, or the listener been cut
+                await asyncio.wait_for(self._wake.wait(), min(left, 1.0))
+            except TimeoutError:
+                await self._conn.relisten()
+        rows = sorted(rows, key=lambda r: (-r["priority"], r["id"]))
+        return [
+            Delivery(str(r["id"]), bytes(r["job"]), delivery_count=r["deliveries"]) for r in rows
+        ]
+
+    async def promote_due(self) -> float | None:
+        """Nothing moves (a due row is fetched where it is): seconds until the next is due."""
+        if self._conn.pool is None:
+            return None
+        now = time.time()
+        due = await self.pool.fetchval(statement("next_due", self._s), self.queue, now)
+        return None if due is None else max(0.0, due - now)
+
+    async def keep_alive(self, delivery: Delivery) -> bool:
+        sql = statement("keep_alive", self._s)
+        return (
+            await self.pool.fetchval(sql, int(delivery.id), self.consumer, time.time()) is not None
+        )
+
+    async def reclaim(
+        self, count: int, lease_ttl: Callable[[Job | None], float], min_idle: float
+    ) -> list[Delivery]:
+        now = time.time()
+        sql = statement("reclaim_candidates", self._s)
+        rows = await self.pool.fetch(sql, self.queue, now - min_idle, max(count * 4, 16))
+        out: list[Delivery] = []
+        claim = statement("reclaim_one", self._s)
+        for r in rows:
+            if len(out) >= count:
+                break
+            try:
+                job: Job | None = Job.decode(bytes(r["job"]))
+            except ValueError:
+                job = None
+            if now - r["held_at"] < lease_ttl(job):
+                continue
+            key = self.job_lease_key(job) if job is not None else ""
+            n = await self.pool.fetchval(
+                claim, r["id"], self.consumer, now, r["consumer"], r["held_at"], key
+            )
+            if n is not None:
+                out.append(Delivery(str(r["id"]), bytes(r["job"]), delivery_count=n))
+        return out
+
+    async def give_back_unstarted(self, running: set[str]) -> int:
+        sql = (
+            f'UPDATE "{self._s}".aqw_jobs SET consumer = NULL WHERE queue = $1 AND consumer = $2 '
+            "AND NOT (id = ANY($3::bigint[])) RETURNING 1"
+        )
+        async with self.pool.acquire() as c, c.transaction():
+            rows = await c.fetch(sql, self.queue, self.consumer, [int(i) for i in running])
+            if rows:
+                await c.execute("SELECT pg_notify($1, '')", self._channel)
+        return len(rows)
+
+    # -- leases ----------------------------------------------------------------------------
+
+    def lease_backend(self) -> LeaseBackend:
+        if self._leases is None:
+            self._leases = PgLeases(PoolOf(self), self._s, self.queue)
+        return self._leases
+
+    def job_lease_backend(
+        self, job: Job, limits: Limits | None = None, delivery: Delivery | None = None
+    ) -> LeaseBackend:
+        check = None if delivery is None else self._still_ours(delivery)
+        return LocalStartGuard(self.lease_backend(), self._records, job, self.consumer, check)
+
+    def _still_ours(self, delivery: Delivery) -> DeliveryCheck:
+        """The start's check: a read (batched, nothing to commit) of whether the row is still
+        held by this consumer; an ended job's delivery is dropped with an ack naming no job."""
+
+        async def check(drop: bool) -> bool:
+            if drop:
+                return await self.ack(delivery, None, None)
+            return await self._checks.submit(int(delivery.id))
+
+        return check
+
+    async def _held(self, ids: Sequence[int]) -> list[bool]:
+        sql = f'SELECT id FROM "{self._s}".aqw_jobs WHERE id = ANY($1::bigint[]) AND consumer = $2'
+        mine = {r["id"] for r in await self.pool.fetch(sql, list(ids), self.consumer)}
+        return [i in mine for i in ids]
+
+    # -- settling --------------------------------------------------------------------------
+
+    async def _settle(self, delivery: Delivery, lease: Lease | None, step: Step) -> Any:
+        """Run ``step(conn, row)`` in one transaction, when the held row is still ours."""
+        s = self._s
+        async with self.pool.acquire() as c, c.transaction():
+            row = await c.fetchrow(statement("take", s), int(delivery.id))
+            if row is None:
+                return None
+            owner = None
+            if lease is not None:
+                owner = await c.fetchval(statement("lease_owner", s), lease.key)
+                if owner is not None and owner != lease.token:
+                    return None
+            if owner is None and row["consumer"] != self.consumer:
+                return None
+            if owner is not None:
+                await c.execute(f'DELETE FROM "{s}".aqw_leases WHERE key = $1', lease.key)  # type: ignore[union-attr]
+            return await step(c, row)
+
+    async def _ack(
+        self,
+        delivery: Delivery,
+        job: Job | None,
+        lease: Lease | None,
+        finish: Finish,
+        record_ttl: float,
+    ) -> bool:
+        """Batched with the acks made meanwhile into one statement (``ack_many.sql``)."""
+        done = job is not None and job.key is not None and record_ttl > 0
+        return await self._acks.submit(
+            (
+                int(delivery.id),
+                lease.key if lease is not None else "",
+                lease.token if lease is not None else "",
+                job.key if done and job is not None else None,
+                job.id if job is not None else "",
+                time.time() + record_ttl,
+            )
+        )
+
+    async def _ack_many(self, acks: Sequence[AckArgs]) -> list[bool]:
+        cols = list(zip(*acks, strict=True))
+        sql = statement("ack_many", self._s)
+        rows = await self.pool.fetch(sql, *cols, self.consumer, self.queue, shard())
+        gone = {r["id"] for r in rows}
+        return [a[0] in gone for a in acks]
+
+    async def _move(
+        self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None, stat: str | None
+    ) -> bool:
+        async def step(c: Any, row: Any) -> bool:
+            sql = (
+                f'UPDATE "{self._s}".aqw_jobs SET job = $2, priority = $3, run_at = $4, '
+                "consumer = NULL, held_at = NULL WHERE id = $1"
+            )
+            await c.execute(sql, int(delivery.id), job.encode(), job.priority, run_at)
+            if stat is not None:
+                await c.execute(statement("bump", self._s), self.queue, stat, shard())
+            await c.execute("SELECT pg_notify($1, '')", self._channel)
+            return True
+
+        return bool(await self._settle(delivery, lease, step))
+
+    async def _retry(
+        self,
+        delivery: Delivery,
+        job: Job,
+        run_at: float,
+        lease: Lease | None,
+        failure: Failure | None,
+    ) -> bool:
+        return await self._move(delivery, job, run_at, lease, "retried")
+
+    async def _defer(
+        self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None
+    ) -> bool:
+        return await self._move(delivery, job, run_at, lease, None)
+
+    async def _give_back(self, delivery: Delivery, lease: Lease | None, job: Job | None) -> bool:
+        async def step(c: Any, row: Any) -> bool:
+            sql = f'UPDATE "{self._s}".aqw_jobs SET consumer = NULL, held_at = NULL WHERE id = $1'
+            await c.execute(sql, int(delivery.id))
+            await c.execute("SELECT pg_notify($1, '')", self._channel)
+            return True
+
+        return bool(await self._settle(delivery, lease, step))
+
+    async def _dead_letter(
+        self,
+        delivery: Delivery,
+        job: Job | None,
+        failure: Failure,
+        attempts: int,
+        lease: Lease | None,
+        keep_for: float,
+    ) -> str | None:
+        async def step(c: Any, row: Any) -> str:
+            await c.execute(f'DELETE FROM "{self._s}".aqw_jobs WHERE id = $1', int(delivery.id))
+            entry = await c.fetchval(
+                statement("dead_insert", self._s),
+                self.queue,
+                delivery.data,
+                job.task if job else "",
+                job.id if job else "",
+                failure.error_type,
+                failure.error,
+                failure.traceback,
+                attempts,
+                failure.first_failed_at or failure.failed_at,
+                failure.failed_at,
+                failure.worker,
+            )
+            await c.execute(statement("bump", self._s), self.queue, "dead", shard())
+            return str(entry)
+
+        entry: str | None = await self._settle(delivery, lease, step)
+        return entry
+
+    # -- inspection ------------------------------------------------------------------------
+
+    async def depth(self) -> QueueDepth:
+        await self.connect()
+        r = await self.pool.fetchrow(statement("depth", self._s), self.queue, time.time())
+        return QueueDepth(r["waiting"], r["in_flight"], r["delayed"], r["dead"])
+
+    async def stats(self) -> dict[str, int]:
+        sql = (
+            f'SELECT name, sum(value)::bigint AS value FROM "{self._s}".aqw_stats '
+            "WHERE queue = $1 GROUP BY name"
+        )
+        return {r["name"]: r["value"] for r in await self.pool.fetch(sql, self.queue)}
+
+    # -- dead letters ----------------------------------------------------------------------
+
+    async def dlq_list(self, count: int = 100, after: str | None = None) -> list[DeadJob]:
+        return await self._dead.page(count, after)
+
+    async def dlq_get(self, entry_id: str) -> DeadJob | None:
+        return await self._dead.get(entry_id)
+
+    async def dlq_replay(self, entries: Sequence[tuple[str, Job]]) -> int:
+        replayed = await self._dead.replay(entries)
+        for job in replayed:
+            self._records.replayed(job)
+        return len(replayed)
+
+    async def dlq_delete(self, entry_ids: Sequence[str]) -> int:
+        return await self._dead.delete(entry_ids)

@@ -1,0 +1,1 @@
+DELETE FROM {schema}.aqw_outbox WHERE id = ANY($1::bigint[])
