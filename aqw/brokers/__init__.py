@@ -1,5 +1,5 @@
 """Brokers, chosen by URL: ``memory://``, ``redis://`` (and ``rediss://``, ``unix://``,
-``redis+cluster://``, ``rediss+cluster://``), ``sqs://``, and any scheme a package adds
+``redis+cluster://``, ``rediss+cluster://``), ``sqs://``, ``nats://``, and any scheme a package adds
 through the ``aqw.brokers`` entry-point group.
 
 A scheme names a *family* through one table (``FAMILIES``): a function ``(url, queue,
@@ -79,11 +79,23 @@ def _sqs(url: str, queue: str, partitions: int | None) -> Broker:
     return broker
 
 
+def _nats(url: str, queue: str, partitions: int | None) -> Broker:
+    _one_partition(partitions, "a JetStream queue grows with the cluster, by its replicas")
+    try:
+        from .nats import from_url as nats_url
+    except ImportError as exc:  # pragma: no cover - depends on installed extras
+        raise ConfigError(
+            "the nats:// broker needs the 'nats' extra: pip install 'aqw[nats]'"
+        ) from exc
+    return nats_url(url, queue)
+
+
 #: URL scheme -> the family that opens it.
 FAMILIES: dict[str, Family] = {
     "memory": _memory,
     **dict.fromkeys(redis.SCHEMES, redis.from_url),
     "sqs": _sqs,
+    "nats": _nats,
 }
 
 

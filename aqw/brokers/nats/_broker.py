@@ -1,0 +1,387 @@
+"""``NatsBroker``: one queue on NATS JetStream (``aqw.brokers.nats`` docstring for the model)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from urllib.parse import urlsplit
+
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from ...errors import ConfigError
+from ...flow import Limits, completion_key
+from ...job import Job
+from ...lease import Lease, LeaseBackend
+from ..base import Broker
+from ..local import (
+    LocalJobRecords,
+    LocalScheduleMarks,
+    LocalStartGuard,
+    LocalWorkerStatus,
+    still_ours,
+)
+from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth
+from . import _dead
+from ._dead import DeadLetters
+from ._delayed import Delayed
+from ._keys import Keys
+from ._layout import (
+    TRANSIENT,
+    Layout,
+    Settings,
+    bucket,
+    check_queue,
+    durability_note,
+    log,
+    open_queue,
+)
+from ._leases import KvLeaseBackend
+from ._window import Held, margin_of
+
+#: The AckWait of a queue whose workers said nothing longer (seconds).
+DEFAULT_ACK_WAIT = 30.0
+
+#: Seconds a settle or a renewal waits for the server's reply.
+REPLY_TIMEOUT = 2.0
+
+_warned: set[str] = set()
+
+
+class NatsBroker(Broker):
+    """Queue ``queue`` on the JetStream servers ``servers`` (``nats://host:port`` each)."""
+
+    system = "nats"
+    transient_errors = TRANSIENT
+
+    def __init__(
+        self, queue: str, servers: Sequence[str], settings: Settings | None = None
+    ) -> None:
+        self._records = LocalJobRecords(check_queue(queue))
+        super().__init__(
+            queue,
+            records=self._records,
+            status=LocalWorkerStatus(),
+            marks=LocalScheduleMarks(),
+        )
+        self.servers = list(servers)
+        self.settings = settings or Settings()
+        self.names = Layout(queue)
+        self._want_ack_wait = self.settings.ack_wait or DEFAULT_ACK_WAIT
+        self.ack_wait = self._want_ack_wait
+        self._margin = margin_of(self.ack_wait)
+        self._nc: Client | None = None
+        self._js: JetStreamContext | None = None
+        self._sub: JetStreamContext.PullSubscription | None = None
+        self._leases: KvLeaseBackend | None = None
+        self._keys: Keys | None = None
+        self._dlq: DeadLetters | None = None
+        self._held: dict[str, Held] = {}
+        self._delayed: Delayed | None = None
+        self._stale = (0.0, 0.0)  # (sent, open until) of a cancelled fetch's pull request
+        self._counts: dict[str, int] = {}
+        self._connecting = asyncio.Lock()
+
+    def describe(self) -> str:
+        hosts = ",".join(urlsplit(s).hostname or "?" for s in self.servers)
+        return f"nats://{hosts} queue={self.queue}"
+
+    def sibling(self, queue: str) -> NatsBroker:
+        return NatsBroker(queue, self.servers, self.settings)
+
+    def expect_lease_ttl(self, seconds: float) -> None:
+        if self.settings.ack_wait is None:
+            self._want_ack_wait = max(self._want_ack_wait, float(seconds))
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        if self._sub is not None:
+            return
+        async with self._connecting:
+            if self._sub is None:
+                await self._open()
+
+    async def _open(self) -> None:
+        nc, js, self.ack_wait = await open_queue(
+            self.servers, self.names, self.settings, self._want_ack_wait, REPLY_TIMEOUT * 2
+        )
+        names, settings = self.names, self.settings
+        self._margin = margin_of(self.ack_wait)
+        self._leases = KvLeaseBackend(await bucket(js, names.leases_bucket, settings.replicas))
+        self._keys = Keys(await bucket(js, names.keys_bucket, settings.replicas))
+        self._dlq = DeadLetters(js, names)
+        promoter = await js.pull_subscribe_bind(names.promoter, names.delayed_stream)
+        self._delayed = Delayed(js, names, promoter)
+        self._sub = await js.pull_subscribe_bind(names.consumer, names.stream)
+        self._nc, self._js = nc, js
+        version = nc.connected_server_version
+        note = durability_note(str(version), settings.replicas)
+        if note is not None and str(version) not in _warned:
+            _warned.add(str(version))
+            log.warning(note)
+
+    async def close(self) -> None:
+        nc, self._nc, self._sub = self._nc, None, None
+        if nc is not None:
+            await nc.close()
+
+    def _jet(self) -> JetStreamContext:
+        if self._js is None:
+            raise ConnectionError(f"the nats:// broker of queue {self.queue!r} is not connected")
+        return self._js
+
+    # -- producing ------------------------------------------------------------------------
+
+    async def _send(self, subject: str, stream: str, data: bytes, **headers: str) -> None:
+        await self._jet().publish(subject, data, stream=stream, headers=headers or None)
+
+    async def publish(self, jobs: Sequence[Job]) -> None:
+        await self.connect()
+        for job in jobs:
+            if job.priority:
+                raise ConfigError(
+                    f"priority={job.priority}: a nats:// queue has one level (use a queue per "
+                    "level: docs/brokers/nats.md)"
+                )
+        names = self.names
+        await asyncio.gather(*(self._send(names.subject, names.stream, j.encode()) for j in jobs))
+        for job in jobs:
+            self._records.enqueued(job)
+
+    async def schedule(self, jobs: Sequence[Job], run_at: float) -> None:
+        if run_at <= time.time():
+            await self.publish(jobs)
+            return
+        await self.connect()
+        assert self._delayed is not None
+        await self._delayed.add([j.encode() for j in jobs], run_at)
+        for job in jobs:
+            self._records.enqueued(job, run_at)
+
+    async def publish_unique(self, job: Job, ttl: float, run_at: float | None) -> tuple[str, bool]:
+        assert job.key is not None
+        await self.connect()
+        assert self._keys is not None
+        holder = await self._keys.claim(job.key, job.id, ttl)
+        if holder is not None:
+            return holder, True
+        if run_at is None:
+            await self.publish([job])
+        else:
+            await self.schedule([job], run_at)
+        return job.id, False
+
+    async def is_completed(self, job: Job) -> bool:
+        key = completion_key(job)
+        if key is None:
+            return False
+        await self.connect()
+        assert self._keys is not None
+        return await self._keys.completed(key)
+
+    async def promote_due(self) -> float | None:
+        await self.connect()
+        assert self._delayed is not None
+        return await self._delayed.promote(REPLY_TIMEOUT)
+
+    # -- consuming ------------------------------------------------------------------------
+
+    async def fetch(self, count: int, block: float, share: float = 0.0) -> list[Delivery]:
+        await self.connect()
+        assert self._sub is not None
+        sent = time.monotonic()
+        wait = max(block, 0.01)
+        try:
+            msgs = await self._sub.fetch(count, timeout=wait)
+        except TimeoutError:  # nats.errors.TimeoutError is one: nothing came
+            return []
+        except asyncio.CancelledError:
+            # Its pull request stays open on the server: a message it brings later is
+            # handed out by the next fetch, its window counted from this send.
+            self._stale = (sent, sent + wait)
+            raise
+        stale_sent, stale_until = self._stale
+        start = min(sent, stale_sent) if stale_until >= sent else sent
+        out: list[Delivery] = []
+        for msg in msgs:
+            meta = msg.metadata
+            entry_id, count_ = str(meta.sequence.stream), meta.num_delivered
+            held = Held(msg, count_, start + self.ack_wait)
+            self._held[entry_id] = held
+            out.append(Delivery(entry_id, msg.data, delivery_count=count_, receipt=held))
+        return out
+
+    def _hold(self, delivery: Delivery) -> Held | None:
+        """The delivery while it is this consumer's and its window is open."""
+        held = self._held.get(delivery.id)
+        if held is None or held.count != delivery.delivery_count:
+            return None
+        if not held.open(self._margin):
+            del self._held[delivery.id]
+            return None
+        return held
+
+    async def keep_alive(self, delivery: Delivery) -> bool:
+        held = self._hold(delivery)
+        if held is None:
+            return False
+        sent = time.monotonic()
+        left = held.ends - self._margin - sent
+        assert self._nc is not None
+        await self._nc.request(held.msg.reply, b"+WPI", timeout=min(REPLY_TIMEOUT, left))
+        held.ends = sent + self.ack_wait
+        return True
+
+    async def give_back_unstarted(self, running: set[str]) -> int:
+        mine = [(i, h) for i, h in self._held.items() if i not in running]
+        given = 0
+        for entry_id, held in mine:
+            d = Delivery(entry_id, held.msg.data, delivery_count=held.count)
+            given += await self.give_back(d, None)
+        return given
+
+    # -- leases ---------------------------------------------------------------------------
+
+    def lease_backend(self) -> LeaseBackend:
+        if self._leases is None:
+            raise ConnectionError(f"the nats:// broker of queue {self.queue!r} is not connected")
+        return self._leases
+
+    def job_lease_backend(
+        self, job: Job, limits: Limits | None = None, delivery: Delivery | None = None
+    ) -> LeaseBackend:
+        check = still_ours(self, delivery)
+        return LocalStartGuard(self.lease_backend(), self._records, job, self.consumer, check)
+
+    # -- settling -------------------------------------------------------------------------
+
+    async def _take(self, delivery: Delivery, lease: Lease | None) -> Held | None:
+        """The delivery, taken off the held ones, while it is still this consumer's: its
+        window open and, with a lease, the lease key still this token's (released here).
+        None, touching nothing of another holder's, when it is not."""
+        held = self._hold(delivery)
+        if held is None:
+            return None
+        if lease is not None and not await self.lease_backend().release(lease.key, lease.token):
+            return None
+        if not held.open(self._margin):  # the release took a round trip
+            self._held.pop(delivery.id, None)
+            return None
+        self._held.pop(delivery.id, None)
+        return held
+
+    def _bump(self, name: str) -> None:
+        self._counts[name] = self._counts.get(name, 0) + 1
+
+    async def _reply(self, held: Held, payload: bytes) -> None:
+        assert self._nc is not None
+        await self._nc.request(held.msg.reply, payload, timeout=REPLY_TIMEOUT)
+
+    async def _ack(
+        self,
+        delivery: Delivery,
+        job: Job | None,
+        lease: Lease | None,
+        finish: Finish,
+        record_ttl: float,
+    ) -> bool:
+        held = await self._take(delivery, lease)
+        if held is None:
+            return False
+        key = completion_key(job)
+        if key is not None and job is not None and record_ttl > 0:
+            assert self._keys is not None
+            await self._keys.complete(key, job.id, record_ttl)
+        await self._reply(held, b"+ACK")
+        self._bump("processed")
+        return True
+
+    async def _retry(
+        self,
+        delivery: Delivery,
+        job: Job,
+        run_at: float,
+        lease: Lease | None,
+        failure: Failure | None,
+    ) -> bool:
+        held = await self._take(delivery, lease)
+        if held is None:
+            return False
+        names, once = self.names, f"retry.{delivery.id}.{held.count}"
+        if run_at <= time.time():
+            await self._send(names.subject, names.stream, job.encode(), **{"Nats-Msg-Id": once})
+        else:
+            assert self._delayed is not None
+            await self._delayed.add([job.encode()], run_at, once)
+        await self._reply(held, b"+ACK")
+        self._bump("retried")
+        return True
+
+    async def _dead_letter(
+        self,
+        delivery: Delivery,
+        job: Job | None,
+        failure: Failure,
+        attempts: int,
+        lease: Lease | None,
+        keep_for: float,
+    ) -> str | None:
+        held = await self._take(delivery, lease)
+        if held is None:
+            return None
+        assert self._dlq is not None
+        body = _dead.encode(delivery.data, job, failure, attempts)
+        entry = await self._dlq.add(body, f"dead.{delivery.id}.{held.count}")
+        await self._reply(held, b"+ACK")
+        self._bump("dead")
+        return entry
+
+    async def _give_back(self, delivery: Delivery, lease: Lease | None, job: Job | None) -> bool:
+        held = await self._take(delivery, lease)
+        if held is None:
+            return False
+        await self._reply(held, b"-NAK")
+        return True
+
+    # -- inspection -----------------------------------------------------------------------
+
+    async def depth(self) -> QueueDepth:
+        await self.connect()
+        js, names = self._jet(), self.names
+        assert self._dlq is not None
+        assert self._delayed is not None
+        consumer = await js.consumer_info(names.stream, names.consumer)
+        return QueueDepth(
+            int(consumer.num_pending or 0),
+            int(consumer.num_ack_pending or 0),
+            await self._delayed.count(),
+            await self._dlq.count(),
+        )
+
+    async def stats(self) -> dict[str, int]:
+        return dict(self._counts)
+
+    async def dlq_list(self, count: int = 100, after: str | None = None) -> list[DeadJob]:
+        await self.connect()
+        assert self._dlq is not None
+        return await self._dlq.entries(count, after)
+
+    async def dlq_get(self, entry_id: str) -> DeadJob | None:
+        await self.connect()
+        assert self._dlq is not None
+        return await self._dlq.get(entry_id)
+
+    async def dlq_replay(self, entries: Sequence[tuple[str, Job]]) -> int:
+        await self.connect()
+        assert self._dlq is not None
+        done = await self._dlq.replay(entries)
+        for job in done:
+            self._records.replayed(job)
+        return len(done)
+
+    async def dlq_delete(self, entry_ids: Sequence[str]) -> int:
+        await self.connect()
+        assert self._dlq is not None
+        return await self._dlq.delete(entry_ids)
