@@ -116,10 +116,11 @@ class NatsBroker(Broker):
         self._delayed = Delayed(js, names, promoter)
         self._sub = await js.pull_subscribe_bind(names.consumer, names.stream)
         self._nc, self._js = nc, js
-        version = nc.connected_server_version
-        note = durability_note(str(version), settings.replicas)
-        if note is not None and str(version) not in _warned:
-            _warned.add(str(version))
+        v = nc.connected_server_version
+        version = f"{v.major}.{v.minor}.{v.patch}"
+        note = durability_note(version, settings.replicas)
+        if note is not None and version not in _warned:
+            _warned.add(version)
             log.warning(note)
 
     async def close(self) -> None:

@@ -1,0 +1,54 @@
+"""A worker on ``nats://`` end to end against the real server: jobs run, a retry comes back
+as its next attempt, a failing job is dead-lettered with its reason and replayed, and an
+idempotency key enqueues once."""
+
+from __future__ import annotations
+
+import pytest
+
+import aqw
+from tests._helpers import run_burst
+
+from .conftest import URL
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_a_worker_runs_retries_and_dead_letters(nats_queue: str) -> None:
+    app = aqw.App(f"{URL}?queue={nats_queue}", retry=aqw.RetryPolicy(max_retries=1, base=0.01))
+    assert app.broker.system == "nats" and app.broker.queue == nats_queue
+    seen: list[tuple[int, int]] = []
+
+    @app.task(name="double")
+    async def double(n: int, ctx: aqw.Context) -> int:
+        seen.append((n, ctx.attempt))
+        assert ctx.fencing_token > 0
+        if n == 3 and ctx.attempt == 1:
+            raise RuntimeError("the first try fails")
+        return n * 2
+
+    @app.task(name="explode", max_retries=0)
+    async def explode(n: int) -> None:
+        raise ValueError(f"bad {n}")
+
+    await app.enqueue(double, [21])
+    await app.enqueue(double, [3])
+    [dead] = await app.enqueue(explode, [5])
+    first = await app.enqueue(double, [7], key="order-7")
+    again = await app.enqueue(double, [7], key="order-7")
+    assert first == again
+    await run_burst(app, concurrency=4)
+    assert sorted(seen) == [(3, 1), (3, 2), (7, 1), (21, 1)]
+    [entry] = await app.broker.dlq_list()
+    assert (entry.job_id, entry.error_type, entry.error) == (
+        dead,
+        "ValueError",
+        "ValueError: bad 5",
+    )
+    depth = await app.broker.depth()
+    assert depth.as_dict() == {"waiting": 0, "in_flight": 0, "delayed": 0, "dead": 1}
+    job = entry.job
+    assert job is not None
+    assert await app.broker.dlq_replay([(entry.id, job)]) == 1
+    assert (await app.broker.depth()).as_dict()["waiting"] == 1
+    await app.broker.close()
