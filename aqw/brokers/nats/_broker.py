@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 from nats.aio.client import Client
 from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
 
 from ...errors import ConfigError
 from ...flow import Limits, completion_key
@@ -17,9 +18,7 @@ from ...lease import Lease, LeaseBackend
 from ..base import Broker
 from ..local import (
     LocalJobRecords,
-    LocalScheduleMarks,
     LocalStartGuard,
-    LocalWorkerStatus,
     still_ours,
 )
 from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth
@@ -38,6 +37,7 @@ from ._layout import (
     open_queue,
 )
 from ._leases import KvLeaseBackend
+from ._state import KvScheduleMarks, KvWorkerStatus
 from ._window import Held, margin_of
 
 #: The AckWait of a queue whose workers said nothing longer (seconds).
@@ -62,8 +62,8 @@ class NatsBroker(Broker):
         super().__init__(
             queue,
             records=self._records,
-            status=LocalWorkerStatus(),
-            marks=LocalScheduleMarks(),
+            status=KvWorkerStatus(self._state),
+            marks=KvScheduleMarks(self._state),
         )
         self.servers = list(servers)
         self.settings = settings or Settings()
@@ -76,12 +76,18 @@ class NatsBroker(Broker):
         self._sub: JetStreamContext.PullSubscription | None = None
         self._leases: KvLeaseBackend | None = None
         self._keys: Keys | None = None
+        self._state_kv: KeyValue | None = None
         self._dlq: DeadLetters | None = None
         self._held: dict[str, Held] = {}
         self._delayed: Delayed | None = None
         self._stale = (0.0, 0.0)  # (sent, open until) of a cancelled fetch's pull request
         self._counts: dict[str, int] = {}
         self._connecting = asyncio.Lock()
+
+    async def _state(self) -> KeyValue:
+        await self.connect()
+        assert self._state_kv is not None
+        return self._state_kv
 
     def describe(self) -> str:
         hosts = ",".join(urlsplit(s).hostname or "?" for s in self.servers)
@@ -111,6 +117,7 @@ class NatsBroker(Broker):
         self._margin = margin_of(self.ack_wait)
         self._leases = KvLeaseBackend(await bucket(js, names.leases_bucket, settings.replicas))
         self._keys = Keys(await bucket(js, names.keys_bucket, settings.replicas))
+        self._state_kv = await bucket(js, names.state_bucket, settings.replicas)
         self._dlq = DeadLetters(js, names)
         promoter = await js.pull_subscribe_bind(names.promoter, names.delayed_stream)
         self._delayed = Delayed(js, names, promoter)

@@ -10,8 +10,9 @@ One queue ``q`` is:
 - stream ``AQW_q_DELAYED`` (``aqw.q.delayed``): scheduled jobs and retries until their time,
   moved by ``promote_due`` through its own durable consumer ``promoter``;
 - stream ``AQW_q_DLQ`` (``aqw.q.dead``, limits retention): dead letters, one message each;
-- buckets ``AQW_q_LEASES`` (job leases, locks: the revision is the fencing token) and
-  ``AQW_q_KEYS`` (idempotency keys and completion records).
+- buckets ``AQW_q_LEASES`` (job leases, locks: the revision is the fencing token),
+  ``AQW_q_KEYS`` (idempotency keys and completion records) and ``AQW_q_STATE`` (worker
+  heartbeats, schedule marks).
 
 A stream per queue, not per app: a queue's retention, limits, replicas and removal are its
 own, a work-queue stream allows only non-overlapping consumers (one per queue here), and
@@ -110,6 +111,10 @@ class Layout:
     @property
     def keys_bucket(self) -> str:
         return f"AQW_{self.queue}_KEYS"
+
+    @property
+    def state_bucket(self) -> str:
+        return f"AQW_{self.queue}_STATE"
 
     #: The durable consumers.
     consumer = "aqw"
