@@ -317,7 +317,7 @@ class NatsBroker(Broker):
         held = await self._take(delivery, lease)
         if held is None:
             return False
-        names, once = self.names, f"retry.{delivery.id}.{held.count}"
+        names, once = self.names, f"retry.{delivery.id}"
         if run_at <= time.time():
             await self._send(names.subject, names.stream, job.encode(), **{"Nats-Msg-Id": once})
         else:
@@ -341,7 +341,7 @@ class NatsBroker(Broker):
             return None
         assert self._dlq is not None
         body = _dead.encode(delivery.data, job, failure, attempts)
-        entry = await self._dlq.add(body, f"dead.{delivery.id}.{held.count}")
+        entry = await self._dlq.add(body, f"dead.{delivery.id}")
         await self._reply(held, b"+ACK")
         self._bump("dead")
         return entry
