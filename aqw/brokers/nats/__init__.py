@@ -24,8 +24,9 @@ How aqw's model maps onto JetStream (``docs/brokers/nats.md`` for the whole stor
   is the server's bound; aqw's own (``max_deliveries``) dead-letters first, with the reason.
 - **Dead letters** in the ``AQW_q_DLQ`` stream (``_dead.py``).
 - **Idempotency keys and completion records** in the ``AQW_q_KEYS`` bucket (``_keys.py``).
-- Job records, worker status and schedule marks are kept in the process here
-  (``shared = False``): the features that need them shared are refused at worker start.
+- **Job records** in the ``AQW_q_RECORDS`` bucket (``_records.py``), worker heartbeats and
+  schedule marks in ``AQW_q_STATE`` (``_state.py``): shared by every process. The start step
+  is ``_start.py``. No depth history, debounce or flow limits (refused in one line).
 - One priority level: a job with a priority is refused at enqueue, in one line.
 """
 

@@ -16,12 +16,8 @@ from ...flow import Limits, completion_key
 from ...job import Job
 from ...lease import Lease, LeaseBackend
 from ..base import Broker
-from ..local import (
-    LocalJobRecords,
-    LocalStartGuard,
-    still_ours,
-)
-from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth
+from ..local import still_ours
+from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth, failure_fields
 from . import _dead
 from ._dead import DeadLetters
 from ._delayed import Delayed
@@ -37,8 +33,10 @@ from ._layout import (
     open_queue,
 )
 from ._leases import KvLeaseBackend
+from ._records import MAX_AGE, KvJobRecords
+from ._start import NatsStart
 from ._state import KvScheduleMarks, KvWorkerStatus
-from ._window import Held, margin_of
+from ._window import Held, Windows
 
 #: The AckWait of a queue whose workers said nothing longer (seconds).
 DEFAULT_ACK_WAIT = 30.0
@@ -47,6 +45,9 @@ DEFAULT_ACK_WAIT = 30.0
 REPLY_TIMEOUT = 2.0
 
 _warned: set[str] = set()
+
+#: The failure a ``_retry`` is given by ``_defer``: a put-off, not a failed attempt.
+_DEFER = Failure("", "")
 
 
 class NatsBroker(Broker):
@@ -58,7 +59,7 @@ class NatsBroker(Broker):
     def __init__(
         self, queue: str, servers: Sequence[str], settings: Settings | None = None
     ) -> None:
-        self._records = LocalJobRecords(check_queue(queue))
+        self._records = KvJobRecords(check_queue(queue), self._records_bucket)
         super().__init__(
             queue,
             records=self._records,
@@ -69,18 +70,16 @@ class NatsBroker(Broker):
         self.settings = settings or Settings()
         self.names = Layout(queue)
         self._want_ack_wait = self.settings.ack_wait or DEFAULT_ACK_WAIT
-        self.ack_wait = self._want_ack_wait
-        self._margin = margin_of(self.ack_wait)
+        self._windows = Windows(self._want_ack_wait)
         self._nc: Client | None = None
         self._js: JetStreamContext | None = None
         self._sub: JetStreamContext.PullSubscription | None = None
         self._leases: KvLeaseBackend | None = None
         self._keys: Keys | None = None
         self._state_kv: KeyValue | None = None
+        self._records_kv: KeyValue | None = None
         self._dlq: DeadLetters | None = None
-        self._held: dict[str, Held] = {}
         self._delayed: Delayed | None = None
-        self._stale = (0.0, 0.0)  # (sent, open until) of a cancelled fetch's pull request
         self._counts: dict[str, int] = {}
         self._connecting = asyncio.Lock()
 
@@ -88,6 +87,11 @@ class NatsBroker(Broker):
         await self.connect()
         assert self._state_kv is not None
         return self._state_kv
+
+    async def _records_bucket(self) -> KeyValue:
+        await self.connect()
+        assert self._records_kv is not None
+        return self._records_kv
 
     def describe(self) -> str:
         hosts = ",".join(urlsplit(s).hostname or "?" for s in self.servers)
@@ -110,14 +114,15 @@ class NatsBroker(Broker):
                 await self._open()
 
     async def _open(self) -> None:
-        nc, js, self.ack_wait = await open_queue(
+        nc, js, ack_wait = await open_queue(
             self.servers, self.names, self.settings, self._want_ack_wait, REPLY_TIMEOUT * 2
         )
+        self._windows.set_ack_wait(ack_wait)
         names, settings = self.names, self.settings
-        self._margin = margin_of(self.ack_wait)
         self._leases = KvLeaseBackend(await bucket(js, names.leases_bucket, settings.replicas))
         self._keys = Keys(await bucket(js, names.keys_bucket, settings.replicas))
         self._state_kv = await bucket(js, names.state_bucket, settings.replicas)
+        self._records_kv = await bucket(js, names.records_bucket, settings.replicas, MAX_AGE)
         self._dlq = DeadLetters(js, names)
         promoter = await js.pull_subscribe_bind(names.promoter, names.delayed_stream)
         self._delayed = Delayed(js, names, promoter)
@@ -154,9 +159,8 @@ class NatsBroker(Broker):
                     "level: docs/brokers/nats.md)"
                 )
         names = self.names
+        await asyncio.gather(*(self._records.enqueued(j) for j in jobs))
         await asyncio.gather(*(self._send(names.subject, names.stream, j.encode()) for j in jobs))
-        for job in jobs:
-            self._records.enqueued(job)
 
     async def schedule(self, jobs: Sequence[Job], run_at: float) -> None:
         if run_at <= time.time():
@@ -164,9 +168,8 @@ class NatsBroker(Broker):
             return
         await self.connect()
         assert self._delayed is not None
+        await asyncio.gather(*(self._records.enqueued(j, run_at) for j in jobs))
         await self._delayed.add([j.encode() for j in jobs], run_at)
-        for job in jobs:
-            self._records.enqueued(job, run_at)
 
     async def publish_unique(self, job: Job, ttl: float, run_at: float | None) -> tuple[str, bool]:
         assert job.key is not None
@@ -206,48 +209,25 @@ class NatsBroker(Broker):
         except TimeoutError:  # nats.errors.TimeoutError is one: nothing came
             return []
         except asyncio.CancelledError:
-            # Its pull request stays open on the server: a message it brings later is
-            # handed out by the next fetch, its window counted from this send.
-            self._stale = (sent, sent + wait)
+            self._windows.cancelled(sent, wait)
             raise
-        stale_sent, stale_until = self._stale
-        start = min(sent, stale_sent) if stale_until >= sent else sent
-        out: list[Delivery] = []
-        for msg in msgs:
-            meta = msg.metadata
-            entry_id, count_ = str(meta.sequence.stream), meta.num_delivered
-            held = Held(msg, count_, start + self.ack_wait)
-            self._held[entry_id] = held
-            out.append(Delivery(entry_id, msg.data, delivery_count=count_, receipt=held))
-        return out
-
-    def _hold(self, delivery: Delivery) -> Held | None:
-        """The delivery while it is this consumer's and its window is open."""
-        held = self._held.get(delivery.id)
-        if held is None or held.count != delivery.delivery_count:
-            return None
-        if not held.open(self._margin):
-            del self._held[delivery.id]
-            return None
-        return held
+        return self._windows.received(msgs, sent)
 
     async def keep_alive(self, delivery: Delivery) -> bool:
-        held = self._hold(delivery)
+        held = self._windows.hold(delivery)
         if held is None:
             return False
         sent = time.monotonic()
-        left = held.ends - self._margin - sent
+        left = self._windows.left(held)
         assert self._nc is not None
         await self._nc.request(held.msg.reply, b"+WPI", timeout=min(REPLY_TIMEOUT, left))
-        held.ends = sent + self.ack_wait
+        self._windows.renewed(held, sent)
         return True
 
     async def give_back_unstarted(self, running: set[str]) -> int:
-        mine = [(i, h) for i, h in self._held.items() if i not in running]
         given = 0
-        for entry_id, held in mine:
-            d = Delivery(entry_id, held.msg.data, delivery_count=held.count)
-            given += await self.give_back(d, None)
+        for delivery in self._windows.unstarted(running):
+            given += await self.give_back(delivery, None)
         return given
 
     # -- leases ---------------------------------------------------------------------------
@@ -260,8 +240,10 @@ class NatsBroker(Broker):
     def job_lease_backend(
         self, job: Job, limits: Limits | None = None, delivery: Delivery | None = None
     ) -> LeaseBackend:
-        check = still_ours(self, delivery)
-        return LocalStartGuard(self.lease_backend(), self._records, job, self.consumer, check)
+        leases = self._leases
+        if leases is None:
+            raise ConnectionError(f"the nats:// broker of queue {self.queue!r} is not connected")
+        return NatsStart(leases, self._records, job, self.consumer, still_ours(self, delivery))
 
     # -- settling -------------------------------------------------------------------------
 
@@ -269,16 +251,13 @@ class NatsBroker(Broker):
         """The delivery, taken off the held ones, while it is still this consumer's: its
         window open and, with a lease, the lease key still this token's (released here).
         None, touching nothing of another holder's, when it is not."""
-        held = self._hold(delivery)
+        held = self._windows.hold(delivery)
         if held is None:
             return None
         if lease is not None and not await self.lease_backend().release(lease.key, lease.token):
             return None
-        if not held.open(self._margin):  # the release took a round trip
-            self._held.pop(delivery.id, None)
-            return None
-        self._held.pop(delivery.id, None)
-        return held
+        self._windows.drop(delivery)
+        return held if held.open(self._windows.margin) else None  # the release took a trip
 
     def _bump(self, name: str) -> None:
         self._counts[name] = self._counts.get(name, 0) + 1
@@ -304,6 +283,9 @@ class NatsBroker(Broker):
             await self._keys.complete(key, job.id, record_ttl)
         await self._reply(held, b"+ACK")
         self._bump("processed")
+        if job is not None:
+            fields = finish.fields(self.consumer, time.time())
+            await self._records.finish(job, finish.state, fields, finish.keep_for)
         return True
 
     async def _retry(
@@ -324,8 +306,17 @@ class NatsBroker(Broker):
             assert self._delayed is not None
             await self._delayed.add([job.encode()], run_at, once)
         await self._reply(held, b"+ACK")
-        self._bump("retried")
+        self._bump("retried" if failure is not _DEFER else "deferred")
+        if failure is _DEFER:
+            await self._records.deferred(job, run_at)
+        else:
+            await self._records.retrying(job, run_at, failure_fields(failure) if failure else {})
         return True
+
+    async def _defer(
+        self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None
+    ) -> bool:
+        return await self._retry(delivery, job, run_at, lease, _DEFER)
 
     async def _dead_letter(
         self,
@@ -344,6 +335,9 @@ class NatsBroker(Broker):
         entry = await self._dlq.add(body, f"dead.{delivery.id}")
         await self._reply(held, b"+ACK")
         self._bump("dead")
+        if job is not None:
+            fields = Finish(failure=failure).fields(failure.worker or self.consumer, time.time())
+            await self._records.finish(job, "dead", {**fields, "dlq_entry": entry}, keep_for)
         return entry
 
     async def _give_back(self, delivery: Delivery, lease: Lease | None, job: Job | None) -> bool:
@@ -351,6 +345,8 @@ class NatsBroker(Broker):
         if held is None:
             return False
         await self._reply(held, b"-NAK")
+        if job is not None:
+            await self._records.given_back(job.id)
         return True
 
     # -- inspection -----------------------------------------------------------------------
@@ -386,7 +382,7 @@ class NatsBroker(Broker):
         assert self._dlq is not None
         done = await self._dlq.replay(entries)
         for job in done:
-            self._records.replayed(job)
+            await self._records.replayed(job)
         return len(done)
 
     async def dlq_delete(self, entry_ids: Sequence[str]) -> int:

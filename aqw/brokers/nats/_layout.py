@@ -11,8 +11,8 @@ One queue ``q`` is:
   moved by ``promote_due`` through its own durable consumer ``promoter``;
 - stream ``AQW_q_DLQ`` (``aqw.q.dead``, limits retention): dead letters, one message each;
 - buckets ``AQW_q_LEASES`` (job leases, locks: the revision is the fencing token),
-  ``AQW_q_KEYS`` (idempotency keys and completion records) and ``AQW_q_STATE`` (worker
-  heartbeats, schedule marks).
+  ``AQW_q_KEYS`` (idempotency keys and completion records), ``AQW_q_STATE`` (worker
+  heartbeats, schedule marks) and ``AQW_q_RECORDS`` (job records).
 
 A stream per queue, not per app: a queue's retention, limits, replicas and removal are its
 own, a work-queue stream allows only non-overlapping consumers (one per queue here), and
@@ -116,6 +116,10 @@ class Layout:
     def state_bucket(self) -> str:
         return f"AQW_{self.queue}_STATE"
 
+    @property
+    def records_bucket(self) -> str:
+        return f"AQW_{self.queue}_RECORDS"
+
     #: The durable consumers.
     consumer = "aqw"
     promoter = "promoter"
@@ -212,13 +216,16 @@ async def ensure_consumer(
     return float(made.config.ack_wait or ack_wait)
 
 
-async def bucket(js: JetStreamContext, name: str, replicas: int) -> KeyValue:
-    """The KV bucket ``name`` (one revision per key, file store), created when missing."""
+async def bucket(
+    js: JetStreamContext, name: str, replicas: int, ttl: float | None = None
+) -> KeyValue:
+    """The KV bucket ``name`` (one revision per key, file store, entries dropped ``ttl``
+    seconds after their last write), created when missing."""
     try:
         return await js.key_value(name)
     except BucketNotFoundError:
         return await js.create_key_value(
-            bucket=name, history=1, storage=StorageType.FILE, replicas=replicas
+            bucket=name, history=1, storage=StorageType.FILE, replicas=replicas, ttl=ttl
         )
 
 

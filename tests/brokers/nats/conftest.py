@@ -36,7 +36,12 @@ async def drop_queue(queue: str, url: str = URL) -> None:
         for stream in (names.stream, names.delayed_stream, names.dlq_stream):
             with contextlib.suppress(Exception):
                 await js.delete_stream(stream)
-        for kv in (names.leases_bucket, names.keys_bucket, names.state_bucket):
+        for kv in (
+            names.leases_bucket,
+            names.keys_bucket,
+            names.state_bucket,
+            names.records_bucket,
+        ):
             with contextlib.suppress(Exception):
                 await js.delete_key_value(kv)
     finally:

@@ -4,6 +4,8 @@ idempotency key enqueues once."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 import aqw
@@ -52,3 +54,32 @@ async def test_a_worker_runs_retries_and_dead_letters(nats_queue: str) -> None:
     assert await app.broker.dlq_replay([(entry.id, job)]) == 1
     assert (await app.broker.depth()).as_dict()["waiting"] == 1
     await app.broker.close()
+
+
+async def test_results_and_cancels_cross_processes_through_the_records_bucket(
+    nats_queue: str,
+) -> None:
+    """The producer and the worker are separate brokers (as separate processes are): the
+    producer waits for a result the worker writes, and cancels a job the worker then does
+    not run."""
+    url = f"{URL}?queue={nats_queue}"
+    producer, consumer = aqw.App(url), aqw.App(url)
+    ran: list[int] = []
+    for app in (producer, consumer):
+
+        @app.task(name="triple", keep_result=True)
+        async def triple(n: int) -> int:
+            ran.append(n)
+            return n * 3
+
+    [ok] = await producer.enqueue("triple", [14])
+    [skipped] = await producer.enqueue("triple", [99])
+    assert await producer.cancel(skipped) == "cancelled"
+    waiting = asyncio.create_task(producer.result(ok, timeout=30))
+    await run_burst(consumer, concurrency=2)
+    assert await waiting == 42
+    assert ran == [14]
+    info = await producer.job(skipped)
+    assert info is not None and info.state == "cancelled"
+    await producer.close()
+    await consumer.close()
