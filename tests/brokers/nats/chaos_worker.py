@@ -19,9 +19,10 @@ DSN = "postgresql://postgres@127.0.0.1:5432/test"
 
 async def main() -> None:
     url, queue, table = sys.argv[1:4]
+    extra = sys.argv[4] if len(sys.argv) > 4 else ""  # more URL options, e.g. "&replicas=3"
     pool = await asyncpg.create_pool(DSN, min_size=1, max_size=10)
     store = SqlCompletionStore()
-    app = aqw.App(f"{url}?queue={queue}&ack_wait=3", lease_ttl=3.0)
+    app = aqw.App(f"{url}?queue={queue}&ack_wait=3{extra}", lease_ttl=3.0)
 
     @app.task(name="apply", max_retries=20)
     async def apply(n: int, ctx: aqw.Context) -> None:

@@ -69,10 +69,12 @@ def free_port() -> int:
 class Server:
     """A private nats-server with JetStream (file store in ``store``)."""
 
-    def __init__(self, store: Path) -> None:
+    def __init__(self, store: Path, port: int | None = None, cluster: list[str] | None = None):
         self.store = store
-        self.port = free_port()
+        self.port = port or free_port()
         self.proc: subprocess.Popen[bytes] | None = None
+        #: For a node of a cluster: its options (name, cluster listen, routes).
+        self.cluster = cluster or []
 
     @property
     def url(self) -> str:
@@ -81,7 +83,9 @@ class Server:
     def start(self) -> None:
         cmd = ["nats-server", "-js", "-a", "127.0.0.1", "-p", str(self.port)]
         self.proc = subprocess.Popen(
-            [*cmd, "-sd", str(self.store)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            [*cmd, "-sd", str(self.store), *self.cluster],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -105,3 +109,27 @@ def private_server(tmp_path: Path) -> Iterator[Server]:
     server.start()
     yield server
     server.kill()
+
+
+def cluster_of_three(root: Path) -> list[Server]:
+    """Three JetStream servers routed to each other on loopback (not started)."""
+    ports = [free_port() for _ in range(3)]
+    routes_ports = [free_port() for _ in range(3)]
+    routes = ",".join(f"nats://127.0.0.1:{p}" for p in routes_ports)
+    return [
+        Server(
+            root / f"n{i}",
+            ports[i],
+            [
+                "-n",
+                f"n{i}",
+                "--cluster_name",
+                "aqw",
+                "--cluster",
+                f"nats://127.0.0.1:{routes_ports[i]}",
+                "--routes",
+                routes,
+            ],
+        )
+        for i in range(3)
+    ]
