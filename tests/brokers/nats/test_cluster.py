@@ -68,21 +68,21 @@ async def test_a_node_killed_and_restarted_loses_nothing_and_applies_nothing_twi
         for start in range(0, JOBS, 250):
             await producer.broker.publish(jobs[start : start + 250])
         await producer.broker.close()
-        log = (tmp_path / "workers.log").open("ab")
-        for _ in range(2):
-            procs.append(
-                await asyncio.create_subprocess_exec(
-                    sys.executable,
-                    str(HERE / "chaos_worker.py"),
-                    url,
-                    queue,
-                    table,
-                    "&replicas=3",
-                    stdout=log,
-                    stderr=log,
-                    env=env,
+        with (tmp_path / "workers.log").open("ab") as log:
+            for _ in range(2):
+                procs.append(
+                    await asyncio.create_subprocess_exec(
+                        sys.executable,
+                        str(HERE / "chaos_worker.py"),
+                        url,
+                        queue,
+                        table,
+                        "&replicas=3",
+                        stdout=log,
+                        stderr=log,
+                        env=env,
+                    )
                 )
-            )
 
         async def applied() -> int:
             return int(await db.fetchval(f"SELECT count(DISTINCT job_id) FROM {table}"))
