@@ -72,6 +72,13 @@ class KvLeaseBackend:
     async def acquire(self, key: str, token: str, ttl_ms: int) -> int | None:
         k = kv_key(key)
         value, expires_at = _value(token, ttl_ms)
+        try:  # most keys are new (a job's first start): one round trip
+            revision = await self._kv.create(k, value)
+        except KeyWrongLastSequenceError:
+            pass  # it exists: held, or expired
+        else:
+            self._revisions[k] = (token, revision, expires_at)
+            return revision
         current = await self._current(k)
         try:
             if current is None:

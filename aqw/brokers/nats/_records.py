@@ -30,6 +30,9 @@ from ._state import entries
 #: Seconds the bucket keeps a record after its last write, whatever its ``_until`` says.
 MAX_AGE = UNFINISHED_KEEP + 86_400.0
 
+#: Most records whose last revision this process remembers.
+MAX_KNOWN = 10_000
+
 Fields = dict[str, str]
 #: A step: the record's fields now (None: no record) -> (new fields, seconds to keep), or
 #: None to write nothing.
@@ -60,6 +63,10 @@ class KvJobRecords:
     def __init__(self, queue: str, opener: Callable[[], Awaitable[KeyValue]]) -> None:
         self.queue = queue
         self._open = opener
+        #: job id -> (fields, revision) of the records this process read or wrote last and
+        #: whose job has not ended here: the next step writes with that revision at once
+        #: (read again only when another process wrote it since).
+        self._known: dict[str, tuple[Fields, int]] = {}
 
     # -- reading and writing ----------------------------------------------------------------
 
@@ -72,6 +79,8 @@ class KvJobRecords:
         got = _decode(entry.value)
         if got is None or got[1] <= time.time():
             return None, entry.revision
+        if entry.revision is not None and len(self._known) < MAX_KNOWN:
+            self._known[job_id] = (got[0], entry.revision)
         return got[0], entry.revision
 
     async def fields(self, job_id: str) -> Fields | None:
@@ -80,21 +89,34 @@ class KvJobRecords:
     async def _change(self, job_id: str, step: Step) -> Fields | None:
         """Apply ``step`` to the record by compare-and-set; the fields written, or None."""
         kv = await self._open()
+        known = self._known.pop(job_id, None)
         for _ in range(20):
-            fields, revision = await self._read(job_id)
+            cached = known is not None
+            fields: Fields | None
+            revision: int | None
+            if known is not None:
+                fields, revision = known
+                known = None
+            else:
+                fields, revision = await self._read(job_id)
+                self._known.pop(job_id, None)
             out = step(None if fields is None else dict(fields))
             if out is None:
+                if cached:
+                    continue  # decided on what this process knew: read it first
                 return None
             new, keep = out
             until = time.time() + max(0.0, keep)
             value = json.dumps({**new, "_until": until, "_id": job_id}).encode()
             try:
                 if revision is None:
-                    await kv.create(_key(job_id), value)
+                    written = await kv.create(_key(job_id), value)
                 else:
-                    await kv.update(_key(job_id), value, last=revision)
+                    written = await kv.update(_key(job_id), value, last=revision)
             except KeyWrongLastSequenceError:
                 continue  # another process wrote it since the read: again
+            if new.get("state") not in FINAL_STATES and len(self._known) < MAX_KNOWN:
+                self._known[job_id] = (new, written)
             return new
         raise ConnectionError(f"the record of job {job_id!r} kept changing under its write")
 
