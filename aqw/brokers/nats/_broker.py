@@ -16,7 +16,7 @@ from ...flow import Limits, completion_key
 from ...job import Job
 from ...lease import Lease, LeaseBackend
 from ..base import Broker
-from ..local import still_ours
+from ..local.start import DeliveryCheck
 from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth, failure_fields
 from . import _dead
 from ._dead import DeadLetters
@@ -225,14 +225,11 @@ class NatsBroker(Broker):
         return True
 
     async def give_back_unstarted(self, running: set[str]) -> int:
-        given = 0
-        for delivery in self._windows.unstarted(running):
-            given += await self.give_back(delivery, None)
-        return given
+        return sum([await self.give_back(d, None) for d in self._windows.unstarted(running)])
 
     # -- leases ---------------------------------------------------------------------------
 
-    def lease_backend(self) -> LeaseBackend:
+    def lease_backend(self) -> KvLeaseBackend:
         if self._leases is None:
             raise ConnectionError(f"the nats:// broker of queue {self.queue!r} is not connected")
         return self._leases
@@ -240,10 +237,22 @@ class NatsBroker(Broker):
     def job_lease_backend(
         self, job: Job, limits: Limits | None = None, delivery: Delivery | None = None
     ) -> LeaseBackend:
-        leases = self._leases
-        if leases is None:
-            raise ConnectionError(f"the nats:// broker of queue {self.queue!r} is not connected")
-        return NatsStart(leases, self._records, job, self.consumer, still_ours(self, delivery))
+        check = self._still_ours(delivery)
+        return NatsStart(self.lease_backend(), self._records, job, self.consumer, check)
+
+    def _still_ours(self, delivery: Delivery | None) -> DeliveryCheck | None:
+        """The start's check of its delivery: its window still open, by the confirmed end
+        this consumer keeps (no round trip: the lease keeper renews it from the start on);
+        an ended job's delivery is dropped with an ack naming no job."""
+        if delivery is None:
+            return None
+
+        async def check(drop: bool) -> bool:
+            if drop:
+                return await self.ack(delivery, None, None)
+            return self._windows.hold(delivery) is not None
+
+        return check
 
     # -- settling -------------------------------------------------------------------------
 
@@ -367,25 +376,22 @@ class NatsBroker(Broker):
     async def stats(self) -> dict[str, int]:
         return dict(self._counts)
 
-    async def dlq_list(self, count: int = 100, after: str | None = None) -> list[DeadJob]:
+    async def _dead(self) -> DeadLetters:
         await self.connect()
         assert self._dlq is not None
-        return await self._dlq.entries(count, after)
+        return self._dlq
+
+    async def dlq_list(self, count: int = 100, after: str | None = None) -> list[DeadJob]:
+        return await (await self._dead()).entries(count, after)
 
     async def dlq_get(self, entry_id: str) -> DeadJob | None:
-        await self.connect()
-        assert self._dlq is not None
-        return await self._dlq.get(entry_id)
+        return await (await self._dead()).get(entry_id)
 
     async def dlq_replay(self, entries: Sequence[tuple[str, Job]]) -> int:
-        await self.connect()
-        assert self._dlq is not None
-        done = await self._dlq.replay(entries)
+        done = await (await self._dead()).replay(entries)
         for job in done:
             await self._records.replayed(job)
         return len(done)
 
     async def dlq_delete(self, entry_ids: Sequence[str]) -> int:
-        await self.connect()
-        assert self._dlq is not None
-        return await self._dlq.delete(entry_ids)
+        return await (await self._dead()).delete(entry_ids)

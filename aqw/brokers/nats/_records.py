@@ -83,13 +83,29 @@ class KvJobRecords:
             self._known[job_id] = (got[0], entry.revision)
         return got[0], entry.revision
 
+    def known(self, job_id: str) -> Fields | None:
+        """The record as this process last read or wrote it (no round trip), if it did."""
+        got = self._known.get(job_id)
+        return None if got is None else got[0]
+
     async def fields(self, job_id: str) -> Fields | None:
         return (await self._read(job_id))[0]
 
-    async def _change(self, job_id: str, step: Step) -> Fields | None:
-        """Apply ``step`` to the record by compare-and-set; the fields written, or None."""
+    async def _change(self, job_id: str, step: Step, fresh: bool = False) -> Fields | None:
+        """Apply ``step`` to the record by compare-and-set; the fields written, or None.
+        ``fresh``: the job is new, most likely without a record: create it at once."""
         kv = await self._open()
         known = self._known.pop(job_id, None)
+        if fresh and known is None:
+            out = step(None)
+            if out is not None:
+                try:
+                    written = await kv.create(_key(job_id), self._value(job_id, *out))
+                except KeyWrongLastSequenceError:
+                    pass  # it has one (the same job published again): the read below
+                else:
+                    self._known[job_id] = (out[0], written)
+                    return out[0]
         for _ in range(20):
             cached = known is not None
             fields: Fields | None
@@ -106,8 +122,7 @@ class KvJobRecords:
                     continue  # decided on what this process knew: read it first
                 return None
             new, keep = out
-            until = time.time() + max(0.0, keep)
-            value = json.dumps({**new, "_until": until, "_id": job_id}).encode()
+            value = self._value(job_id, new, keep)
             try:
                 if revision is None:
                     written = await kv.create(_key(job_id), value)
@@ -119,6 +134,11 @@ class KvJobRecords:
                 self._known[job_id] = (new, written)
             return new
         raise ConnectionError(f"the record of job {job_id!r} kept changing under its write")
+
+    @staticmethod
+    def _value(job_id: str, fields: Fields, keep: float) -> bytes:
+        until = time.time() + max(0.0, keep)
+        return json.dumps({**fields, "_until": until, "_id": job_id}).encode()
 
     # -- the job's steps ------------------------------------------------------------------
 
@@ -135,7 +155,7 @@ class KvJobRecords:
             "key": job.key or "",
         }
         keep = UNFINISHED_KEEP + (due - now if due else 0.0)
-        await self._change(job.id, lambda _: (fields, keep))
+        await self._change(job.id, lambda _: (fields, keep), fresh=job.attempt == 1)
 
     async def started(self, job: Job, worker: str, fence: int, lease_expires_at: float) -> None:
         """Mark the job running under ``fence``; ``JobCancelled`` or ``StaleStart`` (ended)

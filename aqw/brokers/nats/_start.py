@@ -1,16 +1,18 @@
 """The start step on JetStream (``NatsStart``, what ``job_lease_backend`` returns): a start
 only for a live delivery. In order, each refusal taking nothing:
 
-1. the delivery's window is still open (``keep_alive``: a confirmed in-progress ack),
-   else ``StaleStart``;
-2. the record is not cancelled (``JobCancelled``) nor ended (``StaleStart`` with ``ended``;
-   the delivery, still ours, is dropped unrun);
+1. the delivery's window is still open, by its confirmed end (``_window.py``: no round
+   trip), else ``StaleStart``;
+2. what this process knows of the record (no round trip) is not cancelled
+   (``JobCancelled``) nor ended (``StaleStart`` with ``ended``; the delivery, still ours,
+   is dropped unrun);
 3. the job's lease key is taken (``KvLeaseBackend``: its revision is the fencing token), or
    None when another holder has it;
-4. the record is marked running by compare-and-set (``KvJobRecords.started``): a cancel or
-   an end written since step 2 is seen there, and the lease just taken is released.
+4. the record is read and marked running by compare-and-set (``KvJobRecords.started``): a
+   cancel or an end written by any process is seen there, refused as in step 2, and the
+   lease just taken is released (the token it took is handed to nobody).
 
-JetStream has no transaction across a stream and a bucket, so these are four round trips,
+JetStream has no transaction across a stream and a bucket, so these are three round trips,
 not one step; each race between them is settled by a revision (the module docstrings of
 ``_records.py`` and ``_leases.py``)."""
 
@@ -51,7 +53,7 @@ class NatsStart:
         job_id, mine = self._job.id, self._delivery
         if mine is not None and not await mine(False):
             raise StaleStart(job_id)
-        fields = await self._records.fields(job_id)
+        fields = self._records.known(job_id)  # what this process knows, if anything
         if fields is not None:
             if fields.get("state") == "cancelled" or fields.get("cancel") == "1":
                 raise JobCancelled(job_id)
