@@ -36,7 +36,7 @@ from ._leases import KvLeaseBackend
 from ._records import MAX_AGE, KvJobRecords
 from ._start import NatsStart
 from ._state import KvScheduleMarks, KvWorkerStatus
-from ._window import Held, Windows
+from ._window import Held, Windows, pull
 
 #: The AckWait of a queue whose workers said nothing longer (seconds).
 DEFAULT_ACK_WAIT = 30.0
@@ -205,9 +205,7 @@ class NatsBroker(Broker):
         sent = time.monotonic()
         wait = max(block, 0.01)
         try:
-            msgs = await self._sub.fetch(count, timeout=wait)
-        except TimeoutError:  # nats.errors.TimeoutError is one: nothing came
-            return []
+            msgs = await pull(self._sub, count, block)
         except asyncio.CancelledError:
             self._windows.cancelled(sent, wait)
             raise

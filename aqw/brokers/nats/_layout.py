@@ -21,6 +21,7 @@ each stream has its own raft group on a cluster, so queues spread over the serve
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from dataclasses import dataclass
@@ -60,6 +61,9 @@ TRANSIENT: tuple[type[BaseException], ...] = (
     nats.errors.OutboundBufferLimitError,
     nats.js.errors.ServiceUnavailableError,
 )
+
+#: How many times connecting tries the JetStream API calls that make the queue ready.
+SETUP_TRIES = 4
 
 #: Seconds within which a publish with the same ``Nats-Msg-Id`` is dropped as a duplicate.
 DUPLICATE_WINDOW = 120.0
@@ -263,12 +267,27 @@ async def open_queue(
         allow_reconnect=True,
     )
     js = nc.jetstream(timeout=timeout)
-    await ensure_streams(js, names, settings)
     exact = settings.ack_wait is not None
-    window = await ensure_consumer(
-        js, names.stream, names.consumer, names.subject, ack_wait, exact, settings.max_deliver
-    )
-    await ensure_consumer(
-        js, names.delayed_stream, names.promoter, names.delayed_subject, 30.0, False
-    )
-    return nc, js, window
+    for attempt in range(SETUP_TRIES):
+        try:
+            await ensure_streams(js, names, settings)
+            window = await ensure_consumer(
+                js,
+                names.stream,
+                names.consumer,
+                names.subject,
+                ack_wait,
+                exact,
+                settings.max_deliver,
+            )
+            await ensure_consumer(
+                js, names.delayed_stream, names.promoter, names.delayed_subject, 30.0, False
+            )
+            return nc, js, window
+        except (TimeoutError, nats.js.errors.ServiceUnavailableError):
+            # A cluster electing its leaders (just started, or a node lost) answers late.
+            if attempt == SETUP_TRIES - 1:
+                await nc.close()
+                raise
+            await asyncio.sleep(0.5 * (attempt + 1))
+    raise AssertionError("unreachable")

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 
 from ..messages import Delivery
 
@@ -97,3 +98,20 @@ class Windows:
             for i, h in self._held.items()
             if i not in running
         ]
+
+
+async def _fetch(sub: JetStreamContext.PullSubscription, count: int, wait: float) -> list[Msg]:
+    try:
+        return await sub.fetch(count, timeout=wait)
+    except TimeoutError:  # nats.errors.TimeoutError is one: nothing came
+        return []
+
+
+async def pull(sub: JetStreamContext.PullSubscription, count: int, block: float) -> list[Msg]:
+    """One message, waited for up to ``block`` seconds, and up to ``count - 1`` more of what
+    is waiting with it (a pull of ``count`` messages waits out its whole block for the batch
+    to fill: at a low rate every job would wait that long)."""
+    msgs = await _fetch(sub, 1, max(block, 0.01))
+    if msgs and count > 1:
+        msgs += await _fetch(sub, count - 1, 0.01)
+    return msgs
