@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
-import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,19 +36,15 @@ from aqw.brokers.nats._layout import Layout  # noqa: E402
 from aqw.job import Job  # noqa: E402
 
 
-async def _drop(url: str, streams: list[str], buckets: list[str] = ()) -> None:  # type: ignore[assignment]
+async def _drop(url: str, streams: list[str], buckets: Sequence[str] = ()) -> None:
     nc = await nats.connect(url)
     js = nc.jetstream()
     for s in streams:
-        try:
+        with contextlib.suppress(Exception):
             await js.delete_stream(s)
-        except Exception:
-            pass
     for b in buckets:
-        try:
+        with contextlib.suppress(Exception):
             await js.delete_key_value(b)
-        except Exception:
-            pass
     await nc.close()
 
 
@@ -174,11 +171,11 @@ async def latency(url: str, kind: str, rate: int, seconds: float) -> tuple[float
         runner = asyncio.create_task(worker.run())
         await app.broker.connect()
     await asyncio.sleep(0.5)
-    producer = subprocess.Popen(
-        [sys.executable, __file__, "--produce", kind, url, target, str(rate), str(seconds)]
+    producer = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--produce", kind, url, target, str(rate), str(seconds)
     )
     await asyncio.wait_for(done.wait(), seconds + 60)
-    producer.wait()
+    await producer.wait()
     if kind == "raw":
         runner.cancel()
         await js.delete_stream(target)
@@ -214,13 +211,7 @@ async def produce(kind: str, url: str, target: str, rate: int, seconds: float) -
         await send()
 
 
-async def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--url", default="nats://127.0.0.1:4222")
-    p.add_argument("--jobs", type=int, default=5000)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--json")
-    a = p.parse_args()
+async def main(a: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, dict[str, list[float]]] = {"aqw": {}, "raw": {}}
     for _ in range(a.rounds):
         for kind in ("aqw", "raw"):
@@ -239,8 +230,7 @@ async def main() -> None:
             f"{kind:6} {r['drain/s']:10.0f} {r['enqueue/s']:10.0f} "
             f"{r['p50 ms']:8.2f} {r['p99 ms']:8.2f}"
         )
-    if a.json:
-        Path(a.json).write_text(json.dumps({"rounds": out, "medians": medians}, indent=2))
+    return {"rounds": out, "medians": medians}
 
 
 if __name__ == "__main__":
@@ -248,4 +238,12 @@ if __name__ == "__main__":
         kind, url, target, rate, seconds = sys.argv[2:7]
         asyncio.run(produce(kind, url, target, int(rate), float(seconds)))
     else:
-        asyncio.run(main())
+        p = argparse.ArgumentParser()
+        p.add_argument("--url", default="nats://127.0.0.1:4222")
+        p.add_argument("--jobs", type=int, default=5000)
+        p.add_argument("--rounds", type=int, default=3)
+        p.add_argument("--json")
+        args = p.parse_args()
+        result = asyncio.run(main(args))
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2))

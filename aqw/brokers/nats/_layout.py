@@ -60,6 +60,7 @@ TRANSIENT: tuple[type[BaseException], ...] = (
     nats.errors.FlushTimeoutError,
     nats.errors.OutboundBufferLimitError,
     nats.js.errors.ServiceUnavailableError,
+    nats.js.errors.NoStreamResponseError,  # a stream's leader moving (a node lost)
 )
 
 #: How many times connecting tries the JetStream API calls that make the queue ready.
