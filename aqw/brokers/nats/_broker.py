@@ -114,7 +114,7 @@ class NatsBroker(Broker):
                 await self._open()
 
     async def _open(self) -> None:
-        nc, js, ack_wait = await open_queue(
+        nc, js, ack_wait, replicas = await open_queue(
             self.servers, self.names, self.settings, self._want_ack_wait, REPLY_TIMEOUT * 2
         )
         self._windows.set_ack_wait(ack_wait)
@@ -130,7 +130,7 @@ class NatsBroker(Broker):
         self._nc, self._js = nc, js
         v = nc.connected_server_version
         version = f"{v.major}.{v.minor}.{v.patch}"
-        note = durability_note(version, settings.replicas)
+        note = durability_note(version, replicas)
         if note is not None and version not in _warned:
             _warned.add(version)
             log.warning(note)

@@ -257,9 +257,10 @@ def durability_note(version: str, replicas: int) -> str | None:
 
 async def open_queue(
     servers: list[str], names: Layout, settings: Settings, ack_wait: float, timeout: float
-) -> tuple[Client, JetStreamContext, float]:
+) -> tuple[Client, JetStreamContext, float, int]:
     """A connection (reconnecting by itself, forever), its JetStream context, and the
-    queue's streams and consumers made ready; the AckWait its deliveries get."""
+    queue's streams and consumers made ready; the AckWait its deliveries get, and the
+    replicas its stream has (read from the server, whatever the URL asked)."""
     nc = await nats.connect(
         servers=servers,
         name=f"aqw {names.queue}",
@@ -284,7 +285,8 @@ async def open_queue(
             await ensure_consumer(
                 js, names.delayed_stream, names.promoter, names.delayed_subject, 30.0, False
             )
-            return nc, js, window
+            info = await js.stream_info(names.stream)  # as it is: made here or before
+            return nc, js, window, int(info.config.num_replicas or 1)
         except (TimeoutError, nats.js.errors.ServiceUnavailableError):
             # A cluster electing its leaders (just started, or a node lost) answers late.
             if attempt == SETUP_TRIES - 1:
