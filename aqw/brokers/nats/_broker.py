@@ -28,9 +28,9 @@ from ._layout import (
     Settings,
     bucket,
     check_queue,
-    durability_note,
-    log,
+    ensure_consumer,
     open_queue,
+    warn_durability,
 )
 from ._leases import KvLeaseBackend
 from ._records import MAX_AGE, KvJobRecords
@@ -104,6 +104,14 @@ class NatsBroker(Broker):
         if self.settings.ack_wait is None:
             self._want_ack_wait = max(self._want_ack_wait, float(seconds))
 
+    async def start_consuming(self, consumer: str) -> None:
+        """The queue's AckWait raised to the workers' longest lease TTL, now known."""
+        await super().start_consuming(consumer)
+        want, names, js = self._want_ack_wait, self.names, self._js
+        if js is not None and self.settings.ack_wait is None and want > self._windows.ack_wait:
+            args = (names.stream, names.consumer, names.subject, want, False)
+            self._windows.set_ack_wait(await ensure_consumer(js, *args, self.settings.max_deliver))
+
     # -- lifecycle ------------------------------------------------------------------------
 
     async def connect(self) -> None:
@@ -128,12 +136,7 @@ class NatsBroker(Broker):
         self._delayed = Delayed(js, names, promoter)
         self._sub = await js.pull_subscribe_bind(names.consumer, names.stream)
         self._nc, self._js = nc, js
-        v = nc.connected_server_version
-        version = f"{v.major}.{v.minor}.{v.patch}"
-        note = durability_note(version, replicas)
-        if note is not None and version not in _warned:
-            _warned.add(version)
-            log.warning(note)
+        warn_durability(nc, replicas, _warned)
 
     async def close(self) -> None:
         nc, self._nc, self._sub = self._nc, None, None

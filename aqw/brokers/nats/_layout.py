@@ -294,3 +294,13 @@ async def open_queue(
                 raise
             await asyncio.sleep(0.5 * (attempt + 1))
     raise AssertionError("unreachable")
+
+
+def warn_durability(nc: Client, replicas: int, warned: set[str]) -> None:
+    """Log ``durability_note`` once per server version in this process (``warned``)."""
+    v = nc.connected_server_version
+    version = f"{v.major}.{v.minor}.{v.patch}"
+    note = durability_note(version, replicas)
+    if note is not None and version not in warned:
+        warned.add(version)
+        log.warning(note)

@@ -83,3 +83,30 @@ async def test_results_and_cancels_cross_processes_through_the_records_bucket(
     assert info is not None and info.state == "cancelled"
     await producer.close()
     await consumer.close()
+
+
+async def test_the_ack_window_grows_to_the_workers_longest_lease(nats_queue: str) -> None:
+    """AckWait is the longest lease TTL the worker will take (told after connecting), and
+    it only grows: a worker of shorter leases leaves it as it is."""
+    app = aqw.App(f"{URL}?queue={nats_queue}", lease_ttl=45.0)
+
+    @app.task(name="noop")
+    async def noop() -> None:
+        return None
+
+    worker = app.worker(burst=True)
+    await asyncio.wait_for(worker.run(), 20)
+    js = app.broker._js  # type: ignore[attr-defined]
+    info = await js.consumer_info(f"AQW_{nats_queue}", "aqw")
+    assert info.config.ack_wait == 45.0
+    await app.close()
+    short = aqw.App(f"{URL}?queue={nats_queue}", lease_ttl=5.0)
+
+    @short.task(name="noop")
+    async def noop_too() -> None:
+        return None
+
+    await asyncio.wait_for(short.worker(burst=True).run(), 20)
+    info = await short.broker._js.consumer_info(f"AQW_{nats_queue}", "aqw")  # type: ignore[attr-defined]
+    assert info.config.ack_wait == 45.0
+    await short.close()
