@@ -19,6 +19,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "sqs": ("aioboto3",),
     "otel": ("opentelemetry-sdk", "opentelemetry-exporter-otlp"),
     "postgres": ("asyncpg",),
+    "nats": ("nats-py",),
     "fastapi": ("fastapi", "uvicorn"),
     "dashboard": ("starlette", "jinja2", "uvicorn"),
     "uvloop": ("uvloop",),

@@ -29,7 +29,8 @@ from aqw.brokers.redis import RedisBroker
 from aqw.idempotency import SqlCompletionStore
 from tests._helpers import PG_DSNS, eventually
 
-pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
+# Three worker processes, killed and frozen: one such test at a time (CONTRIBUTING.md).
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(120), pytest.mark.xdist_group("processes")]
 
 BATCHES = 20
 CHILDREN = 50

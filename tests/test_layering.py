@@ -97,6 +97,8 @@ REDIS_ALLOWED = (
 LAZY_EXTRAS: dict[tuple[str, str], str] = {
     # sqs:// needs the 'sqs' extra (aioboto3); loaded only when a URL asks for it.
     ("aqw.brokers", "aqw.brokers.sqs"): "aioboto3 is the optional 'sqs' extra",
+    # nats:// needs the 'nats' extra (nats-py); loaded only when a URL asks for it.
+    ("aqw.brokers", "aqw.brokers.nats"): "nats-py is the optional 'nats' extra",
     # sqs:// ...&records=postgresql://... needs the 'postgres' extra (asyncpg).
     ("aqw.brokers.sqs._keys", "aqw.brokers.sqs._keys_pg"): "asyncpg: the 'postgres' extra",
     # postgresql:// needs the 'postgres' extra (asyncpg); loaded only when a URL asks for it.

@@ -1,5 +1,5 @@
 """Brokers, chosen by URL: ``memory://``, ``redis://`` (and ``rediss://``, ``unix://``,
-``redis+cluster://``, ``rediss+cluster://``), ``sqs://``, and any scheme a package adds
+``redis+cluster://``, ``rediss+cluster://``), ``sqs://``, ``nats://``, and any scheme a package adds
 through the ``aqw.brokers`` entry-point group.
 
 A scheme names a *family* through one table (``FAMILIES``): a function ``(url, queue,
@@ -83,10 +83,21 @@ def _postgres(url: str, queue: str, partitions: int | None) -> Broker:
         from .postgres import from_url as postgres_url
     except ImportError as exc:  # pragma: no cover - depends on installed extras
         raise ConfigError(
-            "the postgresql:// broker needs the 'postgres' extra: pip install 'aqw[postgres]'"
+            f"the postgresql:// broker needs the 'postgres' extra: {extra_hint('postgres')}"
         ) from exc
     broker: Broker = postgres_url(url, queue)
     return broker
+
+
+def _nats(url: str, queue: str, partitions: int | None) -> Broker:
+    _one_partition(partitions, "a JetStream queue grows with the cluster, by its replicas")
+    try:
+        from .nats import from_url as nats_url
+    except ImportError as exc:  # pragma: no cover - depends on installed extras
+        raise ConfigError(
+            f"the nats:// broker needs the 'nats' extra: {extra_hint('nats')}"
+        ) from exc
+    return nats_url(url, queue)
 
 
 #: URL scheme -> the family that opens it.
@@ -96,6 +107,7 @@ FAMILIES: dict[str, Family] = {
     "sqs": _sqs,
     "postgresql": _postgres,
     "postgres": _postgres,
+    "nats": _nats,
 }
 
 

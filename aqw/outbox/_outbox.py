@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from ..errors import ConfigError
+from ..errors import ConfigError, extra_hint
 from ..job import Job
 from ._sql import check_schema, migrate, migration_sql, pending_migrations_error, statement
 from ._writer import write_rows
@@ -75,7 +75,7 @@ class Outbox:
             import asyncpg
         except ImportError as exc:  # pragma: no cover - depends on installed extras
             raise ConfigError(
-                "the outbox needs the 'postgres' extra: pip install 'aqw[postgres]'"
+                f"the outbox needs the 'postgres' extra: {extra_hint('postgres')}"
             ) from exc
         return await asyncio.wait_for(asyncpg.connect(self.dsn), 10)
 

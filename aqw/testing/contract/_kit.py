@@ -40,6 +40,11 @@ class Traits:
             brokers that count delays so).
         block: seconds of one blocking fetch in the tests' fetch loops.
         transient: the client errors that must be among ``transient_errors``.
+        window_lease: a delivery is this consumer's for a window the broker renews
+            (``keep_alive``) and that runs out by itself, the delivery then coming back to
+            the next fetch (JetStream's AckWait), while the body and the attempt are the
+            job's own: ``reclaim`` recovers nothing; a holder that renewed keeps it, one
+            that did not loses it, and its late settle is refused.
     """
 
     visibility_lease: bool = False
@@ -47,6 +52,13 @@ class Traits:
     delay: float = 0.4
     block: float = 0.1
     transient: tuple[type[BaseException], ...] = ()
+    window_lease: bool = False
+
+    @property
+    def comes_back(self) -> bool:
+        """True when a delivery comes back by itself once its holder stops renewing it
+        (``visibility_lease`` or ``window_lease``): nothing to reclaim."""
+        return self.visibility_lease or self.window_lease
 
 
 @dataclass

@@ -121,7 +121,7 @@ class LeaseContract(ContractBase):
         sent = job(60)
         await a.publish([sent])
         d = await fetch_one(kit, a)
-        if kit.traits.visibility_lease:
+        if kit.traits.comes_back:
             again = await fetch_one(kit, b, within=6)
         else:
             await asyncio.sleep(0.1)
@@ -145,7 +145,7 @@ class LeaseContract(ContractBase):
             assert await a.lease_backend().renew(key, stale.token, 5000) is False  # none taken
         assert await rec(b, sent.id) == settled
         assert await rec(a, sent.id) == mine
-        if not kit.traits.visibility_lease:
+        if not kit.traits.comes_back:
             assert settled.state == "succeeded" and settled.fencing_token == lease_b.fencing_token
             # The next fencing token of the job's counter follows B's: A was handed none.
             assert await a.lease_backend().acquire(key, "probe", 5000) == lease_b.fencing_token + 1
@@ -192,12 +192,17 @@ class LeaseContract(ContractBase):
         def ttl(_: Job | None) -> float:
             return 0.2
 
-        if kit.traits.visibility_lease:
-            # Reclaim recovers nothing; the visibility timeout brings the message back, and
-            # the receive counts as the next delivery.
+        if kit.traits.comes_back:
+            # Reclaim recovers nothing; the visibility timeout (or the lapsed window) brings
+            # the message back, and the receive counts as the next delivery.
             assert await rescuer.reclaim(10, ttl, 0.2) == []
             again = await fetch_one(kit, rescuer, within=6)
             assert again.delivery_count == 2 and decoded(again).id == sent.id
+            if kit.traits.window_lease:
+                # The holder's window has passed: its renewal and its late ack are refused
+                # (the server would take the ack, the message being redelivered).
+                assert await holder.keep_alive(d) is False
+                assert await holder.ack(d, sent, None) is False
             assert await rescuer.ack(again, decoded(again), None) is True
             await assert_depth(kit, 0, 0, 0, 0)
             return
@@ -227,7 +232,14 @@ class LeaseContract(ContractBase):
         leases = holder.lease_backend()
         key = holder.job_lease_key(sent)
         assert await leases.acquire(key, "t", 3000) is not None
-        await asyncio.sleep(1.5 if kit.traits.visibility_lease else 0.3)  # past the timeout
+        if kit.traits.window_lease:
+            # The window is kept by renewing it (the lease keeper sends keep_alive with
+            # every renewal): renewed within it, past its first end.
+            for _ in range(5):
+                await asyncio.sleep(0.3)
+                assert await holder.keep_alive(d) is True
+        else:
+            await asyncio.sleep(1.5 if kit.traits.visibility_lease else 0.3)  # past the timeout
         assert await holder.keep_alive(d) is True
         assert await rescuer.reclaim(10, lambda _: 0.2, 0.2) == []
         assert await rescuer.fetch(10, 0) == []

@@ -1,0 +1,398 @@
+"""``NatsBroker``: one queue on NATS JetStream (``aqw.brokers.nats`` docstring for the model)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from urllib.parse import urlsplit
+
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+
+from ...errors import ConfigError
+from ...flow import Limits, completion_key
+from ...job import Job
+from ...lease import Lease, LeaseBackend
+from ..base import Broker
+from ..local.start import DeliveryCheck
+from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth, failure_fields
+from . import _dead
+from ._dead import DeadLetters
+from ._delayed import Delayed
+from ._keys import Keys
+from ._layout import (
+    TRANSIENT,
+    Layout,
+    Settings,
+    bucket,
+    check_queue,
+    ensure_consumer,
+    open_queue,
+    warn_durability,
+)
+from ._leases import KvLeaseBackend
+from ._records import MAX_AGE, KvJobRecords
+from ._start import NatsStart
+from ._state import KvScheduleMarks, KvWorkerStatus
+from ._window import Held, Windows, pull
+
+#: The AckWait of a queue whose workers said nothing longer (seconds).
+DEFAULT_ACK_WAIT = 30.0
+
+#: Seconds a settle or a renewal waits for the server's reply.
+REPLY_TIMEOUT = 2.0
+
+_warned: set[str] = set()
+
+#: The failure a ``_retry`` is given by ``_defer``: a put-off, not a failed attempt.
+_DEFER = Failure("", "")
+
+
+class NatsBroker(Broker):
+    """Queue ``queue`` on the JetStream servers ``servers`` (``nats://host:port`` each)."""
+
+    system = "nats"
+    transient_errors = TRANSIENT
+
+    def __init__(
+        self, queue: str, servers: Sequence[str], settings: Settings | None = None
+    ) -> None:
+        self._records = KvJobRecords(check_queue(queue), self._records_bucket)
+        super().__init__(
+            queue,
+            records=self._records,
+            status=KvWorkerStatus(self._state),
+            marks=KvScheduleMarks(self._state),
+        )
+        self.servers = list(servers)
+        self.settings = settings or Settings()
+        self.names = Layout(queue)
+        self._want_ack_wait = self.settings.ack_wait or DEFAULT_ACK_WAIT
+        self._windows = Windows(self._want_ack_wait)
+        self._nc: Client | None = None
+        self._js: JetStreamContext | None = None
+        self._sub: JetStreamContext.PullSubscription | None = None
+        self._leases: KvLeaseBackend | None = None
+        self._keys: Keys | None = None
+        self._state_kv: KeyValue | None = None
+        self._records_kv: KeyValue | None = None
+        self._dlq: DeadLetters | None = None
+        self._delayed: Delayed | None = None
+        self._counts: dict[str, int] = {}
+        self._connecting = asyncio.Lock()
+
+    async def _state(self) -> KeyValue:
+        await self.connect()
+        assert self._state_kv is not None
+        return self._state_kv
+
+    async def _records_bucket(self) -> KeyValue:
+        await self.connect()
+        assert self._records_kv is not None
+        return self._records_kv
+
+    def describe(self) -> str:
+        hosts = ",".join(urlsplit(s).hostname or "?" for s in self.servers)
+        return f"nats://{hosts} queue={self.queue}"
+
+    def sibling(self, queue: str) -> NatsBroker:
+        return NatsBroker(queue, self.servers, self.settings)
+
+    def expect_lease_ttl(self, seconds: float) -> None:
+        if self.settings.ack_wait is None:
+            self._want_ack_wait = max(self._want_ack_wait, float(seconds))
+
+    async def start_consuming(self, consumer: str) -> None:
+        """The queue's AckWait raised to the workers' longest lease TTL, now known."""
+        await super().start_consuming(consumer)
+        want, names, js = self._want_ack_wait, self.names, self._js
+        if js is not None and self.settings.ack_wait is None and want > self._windows.ack_wait:
+            args = (names.stream, names.consumer, names.subject, want, False)
+            self._windows.set_ack_wait(await ensure_consumer(js, *args, self.settings.max_deliver))
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        if self._sub is not None:
+            return
+        async with self._connecting:
+            if self._sub is None:
+                await self._open()
+
+    async def _open(self) -> None:
+        nc, js, ack_wait, replicas = await open_queue(
+            self.servers, self.names, self.settings, self._want_ack_wait, REPLY_TIMEOUT * 2
+        )
+        self._windows.set_ack_wait(ack_wait)
+        names, settings = self.names, self.settings
+        self._leases = KvLeaseBackend(await bucket(js, names.leases_bucket, settings.replicas))
+        self._keys = Keys(await bucket(js, names.keys_bucket, settings.replicas))
+        self._state_kv = await bucket(js, names.state_bucket, settings.replicas)
+        self._records_kv = await bucket(js, names.records_bucket, settings.replicas, MAX_AGE)
+        self._dlq = DeadLetters(js, names)
+        promoter = await js.pull_subscribe_bind(names.promoter, names.delayed_stream)
+        self._delayed = Delayed(js, names, promoter)
+        self._sub = await js.pull_subscribe_bind(names.consumer, names.stream)
+        self._nc, self._js = nc, js
+        warn_durability(nc, replicas, _warned)
+
+    async def close(self) -> None:
+        nc, self._nc, self._sub = self._nc, None, None
+        if nc is not None:
+            await nc.close()
+
+    def _jet(self) -> JetStreamContext:
+        if self._js is None:
+            raise ConnectionError(f"the nats:// broker of queue {self.queue!r} is not connected")
+        return self._js
+
+    # -- producing ------------------------------------------------------------------------
+
+    async def _send(self, subject: str, stream: str, data: bytes, **headers: str) -> None:
+        await self._jet().publish(subject, data, stream=stream, headers=headers or None)
+
+    async def publish(self, jobs: Sequence[Job]) -> None:
+        await self.connect()
+        for job in jobs:
+            if job.priority:
+                raise ConfigError(
+                    f"priority={job.priority}: a nats:// queue has one level (use a queue per "
+                    "level: docs/brokers/nats.md)"
+                )
+        names = self.names
+        await asyncio.gather(*(self._records.enqueued(j) for j in jobs))
+        await asyncio.gather(*(self._send(names.subject, names.stream, j.encode()) for j in jobs))
+
+    async def schedule(self, jobs: Sequence[Job], run_at: float) -> None:
+        if run_at <= time.time():
+            await self.publish(jobs)
+            return
+        await self.connect()
+        assert self._delayed is not None
+        await asyncio.gather(*(self._records.enqueued(j, run_at) for j in jobs))
+        await self._delayed.add([j.encode() for j in jobs], run_at)
+
+    async def publish_unique(self, job: Job, ttl: float, run_at: float | None) -> tuple[str, bool]:
+        assert job.key is not None
+        await self.connect()
+        assert self._keys is not None
+        holder = await self._keys.claim(job.key, job.id, ttl)
+        if holder is not None:
+            return holder, True
+        if run_at is None:
+            await self.publish([job])
+        else:
+            await self.schedule([job], run_at)
+        return job.id, False
+
+    async def is_completed(self, job: Job) -> bool:
+        key = completion_key(job)
+        if key is None:
+            return False
+        await self.connect()
+        assert self._keys is not None
+        return await self._keys.completed(key)
+
+    async def promote_due(self) -> float | None:
+        await self.connect()
+        assert self._delayed is not None
+        return await self._delayed.promote(REPLY_TIMEOUT)
+
+    # -- consuming ------------------------------------------------------------------------
+
+    async def fetch(self, count: int, block: float, share: float = 0.0) -> list[Delivery]:
+        await self.connect()
+        assert self._sub is not None
+        sent = time.monotonic()
+        wait = max(block, 0.01)
+        try:
+            msgs = await pull(self._sub, count, block)
+        except asyncio.CancelledError:
+            self._windows.cancelled(sent, wait)
+            raise
+        return self._windows.received(msgs, sent)
+
+    async def keep_alive(self, delivery: Delivery) -> bool:
+        held = self._windows.hold(delivery)
+        if held is None:
+            return False
+        sent = time.monotonic()
+        left = self._windows.left(held)
+        assert self._nc is not None
+        await self._nc.request(held.msg.reply, b"+WPI", timeout=min(REPLY_TIMEOUT, left))
+        self._windows.renewed(held, sent)
+        return True
+
+    async def give_back_unstarted(self, running: set[str]) -> int:
+        return sum([await self.give_back(d, None) for d in self._windows.unstarted(running)])
+
+    # -- leases ---------------------------------------------------------------------------
+
+    def lease_backend(self) -> KvLeaseBackend:
+        if self._leases is None:
+            raise ConnectionError(f"the nats:// broker of queue {self.queue!r} is not connected")
+        return self._leases
+
+    def job_lease_backend(
+        self, job: Job, limits: Limits | None = None, delivery: Delivery | None = None
+    ) -> LeaseBackend:
+        check = self._still_ours(delivery)
+        return NatsStart(self.lease_backend(), self._records, job, self.consumer, check)
+
+    def _still_ours(self, delivery: Delivery | None) -> DeliveryCheck | None:
+        """The start's check of its delivery: its window still open, by the confirmed end
+        this consumer keeps (no round trip: the lease keeper renews it from the start on);
+        an ended job's delivery is dropped with an ack naming no job."""
+        if delivery is None:
+            return None
+
+        async def check(drop: bool) -> bool:
+            if drop:
+                return await self.ack(delivery, None, None)
+            return self._windows.hold(delivery) is not None
+
+        return check
+
+    # -- settling -------------------------------------------------------------------------
+
+    async def _take(self, delivery: Delivery, lease: Lease | None) -> Held | None:
+        """The delivery, taken off the held ones, while it is still this consumer's: its
+        window open and, with a lease, the lease key still this token's (released here).
+        None, touching nothing of another holder's, when it is not."""
+        held = self._windows.hold(delivery)
+        if held is None:
+            return None
+        if lease is not None and not await self.lease_backend().release(lease.key, lease.token):
+            return None
+        self._windows.drop(delivery)
+        return held if held.open(self._windows.margin) else None  # the release took a trip
+
+    def _bump(self, name: str) -> None:
+        self._counts[name] = self._counts.get(name, 0) + 1
+
+    async def _reply(self, held: Held, payload: bytes) -> None:
+        assert self._nc is not None
+        await self._nc.request(held.msg.reply, payload, timeout=REPLY_TIMEOUT)
+
+    async def _ack(
+        self,
+        delivery: Delivery,
+        job: Job | None,
+        lease: Lease | None,
+        finish: Finish,
+        record_ttl: float,
+    ) -> bool:
+        held = await self._take(delivery, lease)
+        if held is None:
+            return False
+        key = completion_key(job)
+        if key is not None and job is not None and record_ttl > 0:
+            assert self._keys is not None
+            await self._keys.complete(key, job.id, record_ttl)
+        await self._reply(held, b"+ACK")
+        self._bump("processed")
+        if job is not None:
+            fields = finish.fields(self.consumer, time.time())
+            await self._records.finish(job, finish.state, fields, finish.keep_for)
+        return True
+
+    async def _retry(
+        self,
+        delivery: Delivery,
+        job: Job,
+        run_at: float,
+        lease: Lease | None,
+        failure: Failure | None,
+    ) -> bool:
+        held = await self._take(delivery, lease)
+        if held is None:
+            return False
+        names, once = self.names, f"retry.{delivery.id}"
+        if run_at <= time.time():
+            await self._send(names.subject, names.stream, job.encode(), **{"Nats-Msg-Id": once})
+        else:
+            assert self._delayed is not None
+            await self._delayed.add([job.encode()], run_at, once)
+        await self._reply(held, b"+ACK")
+        self._bump("retried" if failure is not _DEFER else "deferred")
+        if failure is _DEFER:
+            await self._records.deferred(job, run_at)
+        else:
+            await self._records.retrying(job, run_at, failure_fields(failure) if failure else {})
+        return True
+
+    async def _defer(
+        self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None
+    ) -> bool:
+        return await self._retry(delivery, job, run_at, lease, _DEFER)
+
+    async def _dead_letter(
+        self,
+        delivery: Delivery,
+        job: Job | None,
+        failure: Failure,
+        attempts: int,
+        lease: Lease | None,
+        keep_for: float,
+    ) -> str | None:
+        held = await self._take(delivery, lease)
+        if held is None:
+            return None
+        assert self._dlq is not None
+        body = _dead.encode(delivery.data, job, failure, attempts)
+        entry = await self._dlq.add(body, f"dead.{delivery.id}")
+        await self._reply(held, b"+ACK")
+        self._bump("dead")
+        if job is not None:
+            fields = Finish(failure=failure).fields(failure.worker or self.consumer, time.time())
+            await self._records.finish(job, "dead", {**fields, "dlq_entry": entry}, keep_for)
+        return entry
+
+    async def _give_back(self, delivery: Delivery, lease: Lease | None, job: Job | None) -> bool:
+        held = await self._take(delivery, lease)
+        if held is None:
+            return False
+        await self._reply(held, b"-NAK")
+        if job is not None:
+            await self._records.given_back(job.id)
+        return True
+
+    # -- inspection -----------------------------------------------------------------------
+
+    async def depth(self) -> QueueDepth:
+        await self.connect()
+        js, names = self._jet(), self.names
+        assert self._dlq is not None
+        assert self._delayed is not None
+        consumer = await js.consumer_info(names.stream, names.consumer)
+        return QueueDepth(
+            int(consumer.num_pending or 0),
+            int(consumer.num_ack_pending or 0),
+            await self._delayed.count(),
+            await self._dlq.count(),
+        )
+
+    async def stats(self) -> dict[str, int]:
+        return dict(self._counts)
+
+    async def _dead(self) -> DeadLetters:
+        await self.connect()
+        assert self._dlq is not None
+        return self._dlq
+
+    async def dlq_list(self, count: int = 100, after: str | None = None) -> list[DeadJob]:
+        return await (await self._dead()).entries(count, after)
+
+    async def dlq_get(self, entry_id: str) -> DeadJob | None:
+        return await (await self._dead()).get(entry_id)
+
+    async def dlq_replay(self, entries: Sequence[tuple[str, Job]]) -> int:
+        done = await (await self._dead()).replay(entries)
+        for job in done:
+            await self._records.replayed(job)
+        return len(done)
+
+    async def dlq_delete(self, entry_ids: Sequence[str]) -> int:
+        return await (await self._dead()).delete(entry_ids)

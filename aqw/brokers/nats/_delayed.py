@@ -1,0 +1,73 @@
+"""Jobs not due yet: scheduled jobs and retries wait in the queue's ``AQW_q_DELAYED``
+stream, their due time (seconds since the epoch) in the ``Aqw-Due`` header, until
+``promote_due`` moves them to the queue: a due one is published under ``Nats-Msg-Id``
+``due.<seq>`` (a move repeated after a crash is dropped as a duplicate) then acked; one not
+due yet is nak'd with a delay of the time left, so the server hands it back at its time."""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Sequence
+
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from ._layout import Layout
+
+#: The header of a delayed job's due time.
+DUE = "Aqw-Due"
+
+
+def _due(msg: Msg) -> float:
+    try:
+        return float((msg.headers or {}).get(DUE, "0"))
+    except ValueError:
+        return 0.0
+
+
+class Delayed:
+    """The delayed stream's writes and its promoter (``promoter`` consumer)."""
+
+    def __init__(self, js: JetStreamContext, names: Layout, sub: JetStreamContext.PullSubscription):
+        self._js = js
+        self._names = names
+        self._sub = sub
+        #: Due times this process knows of, soonest first (what ``promote`` returns).
+        self._dues: list[float] = []
+
+    async def add(self, data: Sequence[bytes], run_at: float, msg_id: str | None = None) -> None:
+        names = self._names
+        headers = {DUE: repr(run_at), **({"Nats-Msg-Id": msg_id} if msg_id else {})}
+        for body in data:
+            await self._js.publish(
+                names.delayed_subject, body, stream=names.delayed_stream, headers=headers
+            )
+        heapq.heappush(self._dues, run_at)
+
+    async def promote(self, reply_timeout: float) -> float | None:
+        """Move the due jobs; seconds until the next known due time, or None."""
+        try:
+            msgs = await self._sub.fetch(256, timeout=0.05)
+        except TimeoutError:  # nats.errors.TimeoutError is one: nothing came
+            msgs = []
+        now = time.time()
+        names = self._names
+        for msg in msgs:
+            due = _due(msg)
+            if due > now:
+                await msg.nak(delay=due - now)
+                heapq.heappush(self._dues, due)
+                continue
+            seq = msg.metadata.sequence.stream
+            await self._js.publish(
+                names.subject, msg.data, stream=names.stream, headers={"Nats-Msg-Id": f"due.{seq}"}
+            )
+            await msg.ack_sync(timeout=reply_timeout)
+        while self._dues and self._dues[0] <= now:
+            heapq.heappop(self._dues)
+        return max(0.0, self._dues[0] - now) if self._dues else None
+
+    async def count(self) -> int:
+        info = await self._js.stream_info(self._names.delayed_stream)
+        return int(info.state.messages)

@@ -1,0 +1,126 @@
+"""Chaos on JetStream: jobs enqueued on a private nats-server (file store), four worker
+processes SIGKILLed again and again (each restarted) and the server itself SIGKILLed and
+restarted twice, mid-run. Every job's effect is a row written under ``ctx.effect``: at the
+end every job has exactly one row (0 lost, 0 applied twice) and the queue is drained.
+
+``AQW_CHAOS_JOBS`` (default 2,000) and ``AQW_CHAOS_KILLS`` (default 20) scale it: the
+issue's run is 10,000 jobs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+import aqw
+from aqw.idempotency import SqlCompletionStore
+from aqw.job import Job
+from tests._helpers import eventually
+
+from .chaos_worker import DSN
+from .conftest import Server
+
+# Several worker processes and a server killed again and again: one such test at a time
+# (CONTRIBUTING.md: the "processes" group).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.xdist_group("processes")]
+
+HERE = Path(__file__).parent
+JOBS = int(os.environ.get("AQW_CHAOS_JOBS", "2000"))
+KILLS = int(os.environ.get("AQW_CHAOS_KILLS", "20"))
+WORKERS = 4
+
+
+async def test_kills_of_workers_and_of_the_server_lose_nothing_and_apply_nothing_twice(
+    private_server: Server, tmp_path: Path
+) -> None:
+    queue = f"chaos-{uuid.uuid4().hex[:8]}"
+    table = f"nats_chaos_{uuid.uuid4().hex[:8]}"
+    db = await asyncpg.connect(DSN)
+    await SqlCompletionStore().ensure_schema(db)
+    await db.execute(f"CREATE TABLE {table} (job_id text, n int, fence bigint)")
+    env = {**os.environ, "PYTHONPATH": str(HERE.parents[2])}
+    url = private_server.url
+    procs: list[asyncio.subprocess.Process] = []
+
+    logs = tmp_path / "workers.log"
+
+    async def spawn() -> asyncio.subprocess.Process:
+        with logs.open("ab") as log:
+            return await asyncio.create_subprocess_exec(
+                sys.executable,
+                str(HERE / "chaos_worker.py"),
+                url,
+                queue,
+                table,
+                stdout=log,
+                stderr=log,
+                env=env,
+            )
+
+    producer = aqw.App(f"{url}?queue={queue}&ack_wait=3")
+    jobs = [Job(task="apply", payload=n) for n in range(JOBS)]
+    try:
+        for start in range(0, JOBS, 500):
+            await producer.broker.publish(jobs[start : start + 500])
+        await producer.broker.close()
+        procs = [await spawn() for _ in range(WORKERS)]
+        rng = random.Random(7)
+        restarts_at = {KILLS // 3, 2 * KILLS // 3}
+        for kill in range(KILLS):
+            await asyncio.sleep(0.2 + rng.random() * 0.3)
+            victim = rng.randrange(WORKERS)
+            procs[victim].kill()
+            await procs[victim].wait()
+            procs[victim] = await spawn()
+            if kill in restarts_at:
+                private_server.kill()  # SIGKILL: no clean shutdown of the file store
+                await asyncio.sleep(0.5)
+                private_server.start()
+        last_fault = time.monotonic()
+
+        seen: list[int] = []
+
+        async def all_applied() -> bool:
+            seen.append(await db.fetchval(f"SELECT count(DISTINCT job_id) FROM {table}"))
+            return seen[-1] >= JOBS
+
+        try:
+            await eventually(all_applied, 120, f"all {JOBS} jobs applied", interval=0.2)
+        except AssertionError:
+            check = aqw.App(f"{url}?queue={queue}&ack_wait=3").broker
+            raise AssertionError(f"{seen[-1]} of {JOBS} applied; {await check.depth()}") from None
+        drained_in = time.monotonic() - last_fault
+        print(f"drained {drained_in:.1f}s after the last fault")
+        twice = await db.fetch(
+            f"SELECT job_id, count(*) FROM {table} GROUP BY job_id HAVING count(*) > 1"
+        )
+        assert twice == []  # 0 effects applied twice
+        rows = await db.fetchval(f"SELECT count(*) FROM {table}")
+        assert rows == JOBS  # 0 lost
+        ids = {r["job_id"] for r in await db.fetch(f"SELECT job_id FROM {table}")}
+        assert ids == {j.id for j in jobs}
+        check = aqw.App(f"{url}?queue={queue}&ack_wait=3").broker
+
+        async def empty() -> bool:
+            d = await check.depth()
+            return (d.waiting, d.in_flight, d.delayed, d.dead) == (0, 0, 0, 0)
+
+        await eventually(empty, 30, "the queue drained, nothing dead", interval=0.2)
+        await check.close()
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGKILL)
+                await proc.wait()
+        await db.execute(f"DROP TABLE {table}")
+        await db.execute("DELETE FROM aqw_completions WHERE queue = $1", queue)
+        await db.execute("DELETE FROM aqw_fences WHERE queue = $1", queue)
+        await db.close()
