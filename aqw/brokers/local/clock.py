@@ -16,7 +16,6 @@ class Clock(Protocol):
     @property
     def offset(self) -> float:
         """Seconds this clock is ahead of the real ones."""
-        ...
 
 
 class SystemClock:

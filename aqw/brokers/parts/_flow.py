@@ -23,7 +23,6 @@ class Debounce(Part, Protocol):
         headers and move its start to ``aqw.flow.due_time(...)``, keeping its id, atomically;
         else schedule ``job`` itself ``debounce`` seconds from now. Returns (the waiting
         job's id, True when an earlier job was replaced)."""
-        ...
 
 
 class FlowLimits(Part, Protocol):
@@ -35,7 +34,6 @@ class FlowLimits(Part, Protocol):
     @property
     def options(self) -> frozenset[str]:
         """The task options enforced, by name (``rate_limit``, ``max_per_key``)."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +54,6 @@ class FairShares(Part, Protocol):
     async def publish(self, jobs: Sequence[Job]) -> None:
         """Enqueue ``jobs`` (each with ``fairness_key`` and ``fairness_weight``), due now,
         with their records, into their keys' turns."""
-        ...
 
 
 class RunLimits(Part, Protocol):
@@ -67,21 +64,16 @@ class RunLimits(Part, Protocol):
 
     async def read(self) -> dict[str, str]:
         """The stored map."""
-        ...
 
     async def write(self, name: str, value: str | None) -> None:
         """Store ``value`` under ``name`` (None: remove it)."""
-        ...
 
     async def refresh(self) -> None:
         """Read the map into ``current`` now (a worker's start)."""
-        ...
 
     def current(self) -> dict[str, str]:
         """The map as this process last read it, read again in the background (at most
         ``aqw.brokers.local.run_limits.REFRESH_EVERY`` seconds old)."""
-        ...
 
     async def stop(self) -> None:
         """Stop the background reads."""
-        ...

@@ -26,27 +26,22 @@ class BatchCounts(Part, Protocol):
         """Create batch ``spec.id``, open (children may be added; it cannot complete), with
         its callbacks' jobs; when ``spec.parent`` is set, the new batch is added to that
         (open) batch as one child in the same step."""
-        ...
 
     async def add(self, batch_id: str, jobs: list[Job]) -> None:
         """Enqueue ``jobs`` now as children of the open batch ``batch_id``, each one and its
         membership in one atomic step (a child is never queued uncounted). Raises
         ``aqw.ConfigError`` naming the batch when it is sealed or unknown: nothing written."""
-        ...
 
     async def seal(self, batch_id: str) -> BatchInfo:
         """Seal the batch: no child can be added from now on; when none is unfinished, the
         batch completes in this step (its callbacks enqueued). Its state after the step."""
-        ...
 
     async def info(self, batch_id: str) -> BatchInfo | None:
         """The batch's counts now, or None (unknown id, or expired)."""
-        ...
 
     async def children(self, batch_id: str, start: int, count: int) -> list[str]:
         """Up to ``count`` of the batch's children's job ids from position ``start``, in the
         order they were added (a nested batch is named ``batch:<id>``)."""
-        ...
 
     async def cancel(self, batch_id: str) -> BatchInfo | None:
         """Cancel the batch's children that have not started (counted cancelled at once),
@@ -61,38 +56,30 @@ class QueueControl(Part, Protocol):
 
     async def pause(self) -> bool:
         """Pause the queue; False when it was paused already."""
-        ...
 
     async def resume(self) -> bool:
         """Resume the queue; False when it was not paused."""
-        ...
 
     async def paused(self) -> bool:
         """True while the queue is paused (one cheap read)."""
-        ...
 
     async def waiting_counts(self) -> dict[int, int]:
         """Jobs waiting (not yet delivered) per priority level in use, level 0 always."""
-        ...
 
     async def waiting_page(self, level: int, after: str | None, count: int) -> list[WaitingJob]:
         """Up to ``count`` waiting jobs of ``level``, oldest first, after entry ``after``."""
-        ...
 
     async def delete_waiting(self, level: int, entry_id: str) -> bool:
         """Delete a waiting entry that no worker has taken; False when it is gone or was
         taken meanwhile (a running job is cancelled, not deleted)."""
-        ...
 
     async def promote(self, job_id: str) -> bool:
         """Make the delayed job ``job_id`` due now (the workers move it to the queue on
         their next pass); False when no delayed job has that id."""
-        ...
 
     async def find(self, job_id: str) -> bytes | None:
         """The wire form of job ``job_id`` while it waits, runs or is delayed (a bounded
         search: the first few thousand of each), or None."""
-        ...
 
 
 class JobRates(Part, Protocol):
@@ -104,11 +91,9 @@ class JobRates(Part, Protocol):
     async def add(self, tallies: dict[float, dict[str, TaskTally]]) -> None:
         """Add each minute's tallies (minute start -> task -> tally) to its minute bucket
         and to the hour bucket holding it."""
-        ...
 
     async def read(self, since: float, hourly: bool) -> dict[float, dict[str, TaskTally]]:
         """The buckets (minute or hour start -> task -> tally) from ``since`` on."""
-        ...
 
 
 class ProgressStream(Part, Protocol):
@@ -119,11 +104,9 @@ class ProgressStream(Part, Protocol):
     async def publish(self, job_id: str, update: dict[str, str]) -> None:
         """Append ``update`` (``fraction``, ``message``, ``detail`` as JSON) to the job's
         stream."""
-        ...
 
     async def read(
         self, job_id: str, after: str, block: float | None
     ) -> list[tuple[str, dict[str, str]]]:
         """The job's updates after the id ``after`` ("0": every one kept), oldest first,
         each (its id, its fields with ``at``), waiting up to ``block`` seconds for one."""
-        ...

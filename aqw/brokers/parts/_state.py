@@ -28,38 +28,31 @@ class JobRecords(Part, Protocol):
 
     async def record(self, job_id: str) -> JobInfo | None:
         """The job's record, or None when there is none (unknown id, or expired)."""
-        ...
 
     async def cancel(self, job_id: str, keep_for: float = DEFAULT_KEEP_FOR) -> CancelOutcome:
         """Cancel a job: ``"cancelled"`` (not started: its start step refuses it from now
         on), ``"cancelling"`` (running: asked to stop, ``cancel_requested``), ``"finished"``
         (it had ended: nothing changes) or ``"unknown"`` (no record of it)."""
-        ...
 
     async def cancel_requested(self, job_id: str) -> bool:
         """True when ``cancel`` asked the running job ``job_id`` to stop (the worker checks
         at every lease renewal)."""
-        ...
 
     async def wait_finished(self, job_id: str, timeout: float | None) -> JobInfo:
         """The job's record once it has ended, waiting up to ``timeout`` seconds (None: no
         limit) without polling. Raises ``aqw.UnknownJob`` (no record) or ``TimeoutError``."""
-        ...
 
     async def set_running_state(self, job_id: str, state: dict[str, str]) -> None:
         """Write ``state``'s progress, message and lease expiry into the job's record while
         it runs under ``state["fencing_token"]`` (never into a finished record, nor into one
         another holder runs now)."""
-        ...
 
     async def running_state(self, job_id: str) -> dict[str, str] | None:
         """The state of a running job (the shape of ``RunningJob.state``), or None."""
-        ...
 
     async def running_states(self, limit: int = 1000) -> list[dict[str, str]]:
         """The states of up to ``limit`` running jobs, oldest start first. A job whose worker
         died stays listed, its lease expiry in the past, until another worker takes it over."""
-        ...
 
 
 class WorkerStatus(Part, Protocol):
@@ -67,15 +60,12 @@ class WorkerStatus(Part, Protocol):
 
     async def publish_heartbeat(self, worker: str, data: dict[str, Any], ttl: float) -> None:
         """Publish a worker's summary for ``ttl`` seconds."""
-        ...
 
     async def heartbeats(self) -> list[dict[str, Any]]:
         """The summaries published recently (a damaged one as ``damaged_heartbeat``)."""
-        ...
 
     async def remove_heartbeat(self, worker: str) -> None:
         """Withdraw a stopped worker's summary."""
-        ...
 
 
 class ScheduleMarks(Part, Protocol):
@@ -84,12 +74,10 @@ class ScheduleMarks(Part, Protocol):
 
     async def read(self) -> dict[str, ScheduleMark]:
         """Every task's mark (``aqw cron list`` reads them too)."""
-        ...
 
     async def advance(self, task: str, mark: ScheduleMark) -> None:
         """Record ``mark`` as ``task``'s last tick, unless a later tick is recorded (a paused
         ex-leader that wakes up never moves a mark back)."""
-        ...
 
 
 class DepthHistory(Part, Protocol):
@@ -101,15 +89,12 @@ class DepthHistory(Part, Protocol):
         """Record the queue's depth for the bucket of ``at`` unless that bucket has a sample
         (called with each heartbeat: one sample per bucket whatever the number of workers).
         Never raises for damaged state: a heartbeat must not fail for a chart."""
-        ...
 
     async def since(self, at: float) -> list[DepthSample]:
         """The samples taken at or after ``at``, oldest first (at most ``DEPTH_SAMPLES``)."""
-        ...
 
     async def delayed_page(self, start: int, count: int) -> list[DelayedJob]:
         """Up to ``count`` delayed (and retrying) jobs, soonest due first, after ``start``."""
-        ...
 
 
 class ServerInfo(Part, Protocol):
@@ -119,32 +104,25 @@ class ServerInfo(Part, Protocol):
     async def health(self) -> dict[str, Any]:
         """Used, peak and max memory and the eviction policy (``used``, ``peak``, ``max``,
         ``policy``, ``evicting``, and ``error`` None); raises when the server cannot say."""
-        ...
 
     async def problems(self) -> list[str]:
         """Damage in the queue's own state that stops its work, one line each."""
-        ...
 
     async def commands_run(self) -> int | None:
         """Commands the server has run so far (None when it cannot tell)."""
-        ...
 
     async def count_keys(self) -> int:
         """How many keys the queue has on the server (``aqw bench`` wants an unused queue)."""
-        ...
 
     async def delete_queue(self) -> int:
         """Delete everything the queue keeps on the server; how many keys went."""
-        ...
 
     async def blocked_leases(
         self, lease_ttl: Callable[[Job | None], float], limit: int = 20
     ) -> list[BlockedLease]:
         """Up to ``limit`` jobs blocked by a lease key that no live worker holds (damaged or
         forged state), longest blocked first; ``lease_ttl``: a job's lease TTL."""
-        ...
 
     async def release_lease(self, job_id: str) -> Release:
         """Delete job ``job_id``'s lease key, only if no live worker holds it and it still
         holds the token read first (``aqw job release``): never done silently."""
-        ...
