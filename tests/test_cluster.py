@@ -45,6 +45,9 @@ from tests._helpers import eventually
 
 pytestmark = [
     pytest.mark.timeout(120),
+    # one xdist worker runs every cluster test, so each module starts its cluster once
+    # (not once per worker: six redis-servers and their forming take ~10 s)
+    pytest.mark.xdist_group("cluster"),
     pytest.mark.skipif(
         shutil.which("redis-server") is None or shutil.which("redis-cli") is None,
         reason="needs redis-server and redis-cli on PATH to start a Redis Cluster",
