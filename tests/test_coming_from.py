@@ -14,7 +14,10 @@ GUIDE = (ROOT / "docs" / "coming-from.md").read_text()
 #: Each feature README.md names in bold -> what the guide's tables must say of it.
 FEATURES: dict[str, tuple[str, ...]] = {
     "once, with valid data": ("validated at enqueue", "at least once"),
-    "Brokers:": ("Redis Streams", "Redis Cluster", "SQS", "memory://"),
+    "Brokers:": ("Redis Streams", "Redis Cluster", "SQS", "PostgreSQL", "NATS", "memory://"),
+    "Workflows:": ("app.batch(on_complete=", "aqw.Flow()"),
+    "Enqueue in your transaction:": ("conn=conn", "outbox"),
+    "Fair shares:": ("fairness_key=", "aqw limits set"),
     "partitioned queues": ("partitions=", "partitioned queues"),
     "A lease around every job:": ("a lease around every job", "lease_ttl"),
     "fencing token": ("ctx.fencing_token",),
