@@ -16,6 +16,7 @@ from .._redact import redact_payload
 from ..app import DeadLetters
 from ..brokers import CancelOutcome
 from ..brokers.base import Broker, DeadJob
+from ..brokers.batching import BATCH_HEADER
 from ..job import Job
 from ..monitor import is_monitor_heartbeat
 from ..record import JobInfo
@@ -71,6 +72,15 @@ def trace_id(job: Job | None) -> str | None:
     if len(parts) == 4 and len(parts[1]) == 32 and parts[1].strip("0123456789abcdef") == "":
         return parts[1]
     return None
+
+
+def batch_of(job: Job | None) -> str | None:
+    """The batch (or flow) a job counts in, from its ``BATCH_HEADER`` (a flow step's names
+    its flow first, then its dependants' gates); None for any other job."""
+    if job is None:
+        return None
+    head = job.headers.get(BATCH_HEADER, "").split()
+    return head[0] if head else None
 
 
 def decode(data: bytes) -> Job | None:
@@ -238,6 +248,7 @@ async def job_detail(app: DashboardApp, job_id: str) -> dict[str, Any]:
         "job": job,
         "payload": Payload.of(job.payload) if job is not None else None,
         "trace_id": trace_id(job),
+        "batch_id": batch_of(job),
         "result": Payload.of(info.result) if info is not None and info.has_result else None,
     }
 

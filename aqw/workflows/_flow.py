@@ -17,6 +17,7 @@ from typing import Any
 
 from .._ids import new_job_id
 from .._text import quoted
+from ..brokers import Broker
 from ..brokers.batching import BATCH_HEADER, FLOW_INPUT_SLOT, BatchInfo, BatchSpec
 from ..errors import ConfigError
 from ..job import Job
@@ -174,7 +175,12 @@ async def start_flow(app: BatchApp, build: Build, flow: Flow, queue: str | None 
 
 async def flow_info(app: BatchApp, flow_id: str, queue: str | None = None) -> FlowInfo | None:
     """The flow's state and each step's, or None (unknown id, or expired)."""
-    broker = app.broker_for(queue if queue is not None else app.queue)
+    return await read_flow(app.broker_for(queue if queue is not None else app.queue), flow_id)
+
+
+async def read_flow(broker: Broker, flow_id: str) -> FlowInfo | None:
+    """``flow_info`` on ``broker``: the flow's batch and each step's record (one read each),
+    or None (unknown id, expired, or a batch that is not a flow)."""
     info = await batch_part(broker).info(flow_id)
     if info is None or not info.data:
         return None
