@@ -19,6 +19,11 @@ Spans (OpenTelemetry messaging semantic conventions):
   ``aqw.lease.refused``).
 
 - ``aqw.lock <name>`` around ``ctx.lock(...)`` acquisitions.
+- ``aqw.batch.open`` around an ``async with app.batch(...)`` block, ``aqw.flow.start``
+  around ``app.start(flow)``: their context is kept in the ``aqw-batch-trace`` header of
+  the batch's callbacks and the flow's steps, whose ``process`` spans link to it
+  (``aqw.link=batch``). Metrics ``aqw.batches.completed`` (by ``aqw.batch.outcome``) and
+  ``aqw.batch.duration``, recorded once per batch when its first callback starts.
 
 A sampled-out job's non-recording span is still current while its handler runs, so the
 handler's own spans follow the sampling decision; the producer's baggage is current too.
@@ -36,10 +41,13 @@ The package, one idea a module: ``_names`` (every span, event, attribute and met
 
 from __future__ import annotations
 
+from ._batch_trace import BATCH_TRACE_HEADER, batch_links, opening, record_batch
 from ._job_trace import JobTrace, now_ns
 from ._names import (
     ATTR_ATTEMPT,
     ATTR_BATCH_COUNT,
+    ATTR_BATCH_ID,
+    ATTR_BATCH_OUTCOME,
     ATTR_CONSUMER_GROUP,
     ATTR_DESTINATION,
     ATTR_DLQ_REASON,
@@ -47,6 +55,7 @@ from ._names import (
     ATTR_HANDLER_MS,
     ATTR_LEASE_ACQUIRE_MS,
     ATTR_LEASE_WAIT,
+    ATTR_LINK_KIND,
     ATTR_LOCK,
     ATTR_MESSAGE_ID,
     ATTR_OPERATION_NAME,
@@ -63,6 +72,8 @@ from ._names import (
     EVENT_STUCK,
     METRICS,
     SCOPE,
+    SPAN_BATCH_OPEN,
+    SPAN_FLOW_START,
     SPAN_HANDLER,
     SPAN_LEASE,
     SPAN_LOCK,
@@ -78,6 +89,8 @@ from ._telemetry import Telemetry
 __all__ = [
     "ATTR_ATTEMPT",
     "ATTR_BATCH_COUNT",
+    "ATTR_BATCH_ID",
+    "ATTR_BATCH_OUTCOME",
     "ATTR_CONSUMER_GROUP",
     "ATTR_DESTINATION",
     "ATTR_DLQ_REASON",
@@ -85,6 +98,7 @@ __all__ = [
     "ATTR_HANDLER_MS",
     "ATTR_LEASE_ACQUIRE_MS",
     "ATTR_LEASE_WAIT",
+    "ATTR_LINK_KIND",
     "ATTR_LOCK",
     "ATTR_MESSAGE_ID",
     "ATTR_OPERATION_NAME",
@@ -95,12 +109,15 @@ __all__ = [
     "ATTR_SETTLE_MS",
     "ATTR_SYSTEM",
     "ATTR_TASK",
+    "BATCH_TRACE_HEADER",
     "EVENT_LOST",
     "EVENT_REFUSED",
     "EVENT_RENEWED",
     "EVENT_STUCK",
     "METRICS",
     "SCOPE",
+    "SPAN_BATCH_OPEN",
+    "SPAN_FLOW_START",
     "SPAN_HANDLER",
     "SPAN_LEASE",
     "SPAN_LOCK",
@@ -111,7 +128,10 @@ __all__ = [
     "TRACE_DETAILS",
     "JobTrace",
     "Telemetry",
+    "batch_links",
     "configure_otel",
     "now_ns",
+    "opening",
+    "record_batch",
     "shutdown_otel",
 ]

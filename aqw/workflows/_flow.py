@@ -19,10 +19,12 @@ from .._ids import new_job_id
 from .._text import quoted
 from ..brokers import Broker
 from ..brokers.batching import BATCH_HEADER, FLOW_INPUT_SLOT, BatchInfo, BatchSpec
+from ..brokers.parts import BatchCounts
 from ..errors import ConfigError
 from ..job import Job
 from ..record import JobInfo
 from ..task import Task
+from ..telemetry import BATCH_TRACE_HEADER, SPAN_FLOW_START, opening
 from ._batch import BatchApp, Build, batch_part
 
 
@@ -118,6 +120,20 @@ async def start_flow(app: BatchApp, build: Build, flow: Flow, queue: str | None 
     queue = queue if queue is not None else app.queue
     part = batch_part(app.broker_for(queue))
     flow_id = new_job_id()
+    with opening(app.telemetry_for(queue), SPAN_FLOW_START, flow_id) as trace:
+        await _start(app, build, flow, queue, part, flow_id, trace)
+    return flow_id
+
+
+async def _start(
+    app: BatchApp,
+    build: Build,
+    flow: Flow,
+    queue: str,
+    part: BatchCounts,
+    flow_id: str,
+    trace: str | None,
+) -> None:
     ids = {name: new_job_id() for name in flow.steps}
     gates = {name: new_job_id() for name, s in flow.steps.items() if s.after}
     counts_in = {
@@ -128,6 +144,8 @@ async def start_flow(app: BatchApp, build: Build, flow: Flow, queue: str | None 
     gated: dict[str, Job] = {}
     for name, s in flow.steps.items():
         head = {BATCH_HEADER: counts_in[name]}
+        if trace is not None:  # the flow's span: each step's links to it
+            head[BATCH_TRACE_HEADER] = trace
         if s.after:  # its payload: its parents' results, written in by its gate
             own = s.task.options.queue or app.queue
             if own != queue:
@@ -170,7 +188,6 @@ async def start_flow(app: BatchApp, build: Build, flow: Flow, queue: str | None 
         await part.open(spec)
     await part.add(flow_id, roots)
     await part.seal(flow_id)
-    return flow_id
 
 
 async def flow_info(app: BatchApp, flow_id: str, queue: str | None = None) -> FlowInfo | None:
