@@ -66,7 +66,7 @@ async def test_a_batch_page_shows_progress_counts_children_and_callbacks(
         # before any worker ran: the child's job page links to its batch
         page = await http.get(f"/jobs/{ids[0]}")
         assert page.status_code == 200
-        assert f'href="/batches/{batch.id}"' in page.text
+        assert f'<th>batch</th><td><a id="job-batch" href="/batches/{batch.id}">' in page.text
         before = await http.get(f"/batches/{batch.id}")
         assert before.status_code == 200
         assert 'id="batch-state">sealed<' in before.text
@@ -111,6 +111,10 @@ async def test_a_flow_page_draws_the_dag_with_each_steps_state(backend: Backend)
     flow.add(t["join"], after=[bad], name="never")
     handle = await app.start(flow)
     async with client(app) as http:
+        started = await app.flow_info(handle.id)
+        assert started is not None
+        step = await http.get(f"/jobs/{started.steps['a'].job_id}")  # queued: its envelope
+        assert f'<th>flow</th><td><a id="job-batch" href="/flows/{handle.id}">' in step.text
         first = await http.get(f"/flows/{handle.id}")
         assert first.status_code == 200
         assert re.search(r'data-step="sum" data-state="waiting"', first.text)

@@ -67,7 +67,8 @@ def flow_chart(nodes: Sequence[Node]) -> str:
     height = PAD * 2 + max(rows.values(), default=1) * (BOX_H + GAP_Y) - GAP_Y
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
-        f'class="dag" role="img" aria-label="the flow\'s steps and their edges">',
+        f'width="{width}" height="{height}" font-size="13" class="dag" role="img" '
+        'aria-label="the flow\'s steps and their edges">',
         '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="6" '
         'markerHeight="6" orient="auto"><path d="M0,0 L10,5 L0,10 z" fill="#6b7280"/>'
         "</marker></defs>",

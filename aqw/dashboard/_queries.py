@@ -233,7 +233,8 @@ async def dead_entry(app: DashboardApp, entry_id: str) -> dict[str, Any] | None:
 async def job_detail(app: DashboardApp, job_id: str) -> dict[str, Any]:
     """A job's record (``app.job``) and its envelope: from its DLQ entry when it is dead,
     from the queue while it waits, runs or is delayed (``control.find``): the payload
-    (secrets hidden, cut with a size note) and the trace id of its ``traceparent``."""
+    (secrets hidden, cut with a size note), the trace id of its ``traceparent``, and the
+    batch or flow it counts in (one more read, only for a job that carries one)."""
     info = await app.job(job_id)
     job: Job | None = None
     if info is not None and info.dlq_entry:
@@ -243,12 +244,18 @@ async def job_detail(app: DashboardApp, job_id: str) -> dict[str, Any]:
     if job is None and control is not None and info is not None and not info.finished:
         found = await control.find(job_id)  # waiting, running or delayed: its envelope
         job = decode(found) if found is not None else None
+    batch_id, batch_page = batch_of(job), "batches"
+    part = app.broker.batches
+    if batch_id is not None and part is not None:  # a flow's step: link to the flow page
+        batch = await part.info(batch_id)
+        batch_page = "flows" if batch is not None and batch.data else "batches"
     return {
         "info": info,
         "job": job,
         "payload": Payload.of(job.payload) if job is not None else None,
         "trace_id": trace_id(job),
-        "batch_id": batch_of(job),
+        "batch_id": batch_id,
+        "batch_page": batch_page,
         "result": Payload.of(info.result) if info is not None and info.has_result else None,
     }
 
