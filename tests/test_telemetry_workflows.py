@@ -177,3 +177,22 @@ async def test_without_an_sdk_no_batch_header_and_no_span(backend: Backend) -> N
     record = await app.job(info.callbacks["complete"])
     assert record is not None and record.state == "succeeded"
     assert all(BATCH_TRACE_HEADER not in job.headers for job in batch._spec.callbacks.values())
+
+
+async def test_with_trace_link_a_callback_starts_a_trace_linked_to_its_batch(otel: Otel) -> None:
+    app = aqw.App("memory://", tracer_provider=otel.tp, trace_link=True)
+    t = _wire(app)
+    try:
+        async with app.batch(on_complete=t["done"], payload=0) as batch:
+            await batch.enqueue(t["child"], 1)
+        await _drain(app)
+    finally:
+        await app.close()
+    info = await app.batch_info(batch.id)
+    assert info is not None
+    spans = otel.spans()
+    (opened,) = [s for s in spans if s.name == "aqw.batch.open"]
+    callback = _process(spans, info.callbacks["complete"])
+    assert callback.parent is None  # a new trace: linked, not a child
+    assert _batch_links(callback) == [(opened.context.trace_id, opened.context.span_id)]
+    assert len(callback.links) == 1  # a callback has no producer span of its own to link
