@@ -12,11 +12,13 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
 import aqw
 from aqw.dashboard import create_app
 from aqw.dashboard._dag import Node, depths, flow_chart
-from tests.conftest import Backend, open_backend
+from aqw.dashboard._queries import PAGE
+from tests.conftest import Backend, PrivateRedis, open_backend
 
 BACKENDS = ["memory", pytest.param("redis", marks=pytest.mark.redis)]
 
@@ -165,3 +167,36 @@ def test_depths_put_each_step_one_past_its_deepest_parent() -> None:
     svg = flow_chart([Node("a", [], "succeeded"), Node("b", ["a"], "running", "/jobs/x")])
     assert svg.count('class="step"') == 2 and '<a href="/jobs/x">' in svg
     assert 'data-edge="a&gt;b"' in svg
+
+
+def _calls(client: redis.Redis) -> int:
+    stats: Any = client.info("commandstats")
+    return sum(int(v["calls"]) for v in stats.values())
+
+
+@pytest.mark.redis
+async def test_the_batch_and_flow_pages_cost_a_bounded_number_of_commands(
+    private_redis: PrivateRedis,
+) -> None:
+    raw = redis.Redis.from_url(private_redis.url)
+    sent: dict[int, dict[str, int]] = {}
+    for n in (PAGE + 10, 10 * PAGE):
+        app = aqw.App(private_redis.url, queue=f"size-{n}")
+        t = _wire(app)
+        async with app.batch(on_complete=t["done"], payload=0) as batch:
+            await batch.enqueue_many(t["child"], list(range(n)))
+        flow = aqw.Flow()
+        flow.add(t["done"], after=flow.add(t["child"], 1))
+        handle = await app.start(flow)
+        sent[n] = {}
+        async with client(app) as http:
+            await http.get("/")  # connects
+            for path in (f"/batches/{batch.id}", f"/flows/{handle.id}"):
+                before = _calls(raw)
+                assert (await http.get(path)).status_code == 200
+                sent[n][path.split("/")[1]] = _calls(raw) - before - 1  # less the INFO
+        await app.close()
+    raw.close()
+    small, large = sent[PAGE + 10], sent[10 * PAGE]
+    assert small == large, sent  # one page of children, whatever the batch's size
+    assert small["batches"] <= 3 + PAGE and small["flows"] <= 2 + 2, sent
