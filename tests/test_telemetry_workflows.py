@@ -146,7 +146,9 @@ async def test_callbacks_link_to_their_batch_and_batches_are_counted_once(
     assert all("aqw.task" not in a for a, _ in durations)
 
 
-async def test_flow_steps_link_to_the_flow_start(backend: Backend, otel: Otel) -> None:
+async def test_flow_steps_link_to_the_flow_start_and_to_their_parents(
+    backend: Backend, otel: Otel
+) -> None:
     app = backend.app(tracer_provider=otel.tp, meter_provider=otel.mp)
     t = _wire(app)
     flow = aqw.Flow()
@@ -163,6 +165,25 @@ async def test_flow_steps_link_to_the_flow_start(backend: Backend, otel: Otel) -
     for step in info.steps.values():
         links = _batch_links(_process(spans, step.job_id))
         assert links == [(start.context.trace_id, start.context.span_id)], step.name
+    steps = {
+        (s.attributes or {}).get("aqw.flow.step"): s for s in spans if s.name == "aqw.flow.step"
+    }
+    assert set(steps) == {"first", "second"}
+    for name, span in steps.items():
+        assert span.parent is not None and span.parent.span_id == start.context.span_id
+        run = _process(spans, info.steps[name].job_id)
+        assert run.parent is not None and run.parent.span_id == span.context.span_id, name
+    second = _process(spans, info.steps["second"].job_id)
+    parents = [
+        (link.context.trace_id, link.context.span_id)
+        for link in second.links
+        if (link.attributes or {}).get("aqw.link") == "parent"
+    ]
+    assert parents == [(steps["first"].context.trace_id, steps["first"].context.span_id)]
+    first = _process(spans, info.steps["first"].job_id)
+    assert [
+        link for link in first.links if (link.attributes or {}).get("aqw.link") == "parent"
+    ] == []
     assert otel.points("aqw.batches.completed") == []  # a flow has no callbacks to count
 
 

@@ -22,7 +22,9 @@ Spans (OpenTelemetry messaging semantic conventions):
 - ``aqw.batch.open`` around an ``async with app.batch(...)`` block, ``aqw.flow.start``
   around ``app.start(flow)``: their context is kept in the ``aqw-batch-trace`` header of
   the batch's callbacks and the flow's steps, whose ``process`` spans link to it
-  (``aqw.link=batch``). Metrics ``aqw.batches.completed`` (by ``aqw.batch.outcome``) and
+  (``aqw.link=batch``); each step of a flow is an ``aqw.flow.step`` span (ended at once),
+  the parent of its ``process`` span and linked from its dependants' (``aqw.link=parent``).
+  Metrics ``aqw.batches.completed`` (by ``aqw.batch.outcome``) and
   ``aqw.batch.duration``, recorded once per batch when its first callback starts.
 
 A sampled-out job's non-recording span is still current while its handler runs, so the
@@ -41,7 +43,7 @@ The package, one idea a module: ``_names`` (every span, event, attribute and met
 
 from __future__ import annotations
 
-from ._batch_trace import BATCH_TRACE_HEADER, batch_links, opening, record_batch
+from ._batch_trace import BATCH_TRACE_HEADER, batch_links, opening, record_batch, step_spans
 from ._job_trace import JobTrace, now_ns
 from ._names import (
     ATTR_ATTEMPT,
@@ -52,6 +54,7 @@ from ._names import (
     ATTR_DESTINATION,
     ATTR_DLQ_REASON,
     ATTR_FENCING_TOKEN,
+    ATTR_FLOW_STEP,
     ATTR_HANDLER_MS,
     ATTR_LEASE_ACQUIRE_MS,
     ATTR_LEASE_WAIT,
@@ -74,6 +77,7 @@ from ._names import (
     SCOPE,
     SPAN_BATCH_OPEN,
     SPAN_FLOW_START,
+    SPAN_FLOW_STEP,
     SPAN_HANDLER,
     SPAN_LEASE,
     SPAN_LOCK,
@@ -95,6 +99,7 @@ __all__ = [
     "ATTR_DESTINATION",
     "ATTR_DLQ_REASON",
     "ATTR_FENCING_TOKEN",
+    "ATTR_FLOW_STEP",
     "ATTR_HANDLER_MS",
     "ATTR_LEASE_ACQUIRE_MS",
     "ATTR_LEASE_WAIT",
@@ -118,6 +123,7 @@ __all__ = [
     "SCOPE",
     "SPAN_BATCH_OPEN",
     "SPAN_FLOW_START",
+    "SPAN_FLOW_STEP",
     "SPAN_HANDLER",
     "SPAN_LEASE",
     "SPAN_LOCK",
@@ -134,4 +140,5 @@ __all__ = [
     "opening",
     "record_batch",
     "shutdown_otel",
+    "step_spans",
 ]

@@ -5,7 +5,7 @@ and the batch metrics, recorded once per batch by its first callback when it run
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -13,7 +13,13 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, TraceFlags
 
 from ..brokers.batching import BATCH_INFO_HEADER, CALLBACK_KINDS, BatchInfo
-from ._names import ATTR_BATCH_ID, ATTR_BATCH_OUTCOME, ATTR_LINK_KIND
+from ._names import (
+    ATTR_BATCH_ID,
+    ATTR_BATCH_OUTCOME,
+    ATTR_FLOW_STEP,
+    ATTR_LINK_KIND,
+    SPAN_FLOW_STEP,
+)
 
 if TYPE_CHECKING:
     from ..job import Job
@@ -35,7 +41,8 @@ class Telemetry(Protocol):
 
 
 #: A batch callback's or a flow step's header: the trace context (``traceparent`` form) of
-#: the span that opened its batch or started its flow.
+#: the span that opened its batch or started its flow, then (a flow step) its parents'
+#: ``aqw.flow.step`` spans', space-separated.
 BATCH_TRACE_HEADER = "aqw-batch-trace"
 
 _NOTHING: AbstractContextManager[str | None] = nullcontext(None)
@@ -77,13 +84,35 @@ def _opening(tel: Telemetry, name: str, batch_id: str) -> Iterator[str | None]:
 
 
 def batch_links(headers: dict[str, str]) -> list[Link] | None:
-    """The link to the span that opened a job's batch or started its flow, if its headers
-    keep one (a batch callback's, a flow step's); None for any other job."""
+    """The links a job's ``BATCH_TRACE_HEADER`` asks for (a batch callback's, a flow
+    step's): to the span that opened its batch or started its flow (``aqw.link=batch``),
+    then to each of a flow step's parents' ``aqw.flow.step`` spans (``aqw.link=parent``);
+    None for any other job."""
     text = headers.get(BATCH_TRACE_HEADER)
     if text is None:
         return None
-    context = parse_traceparent(text)
-    return None if context is None else [Link(context, {ATTR_LINK_KIND: "batch"})]
+    links: list[Link] = []
+    for i, part in enumerate(text.split()):
+        context = parse_traceparent(part)
+        if context is not None:
+            links.append(Link(context, {ATTR_LINK_KIND: "parent" if i else "batch"}))
+    return links or None
+
+
+def step_spans(tel: Telemetry, flow_id: str, names: Iterable[str]) -> dict[str, str]:
+    """One ``aqw.flow.step`` span per step of a flow (attribute ``aqw.flow.step``), children
+    of the current span (the flow's ``aqw.flow.start``), each ended at once: a step's job
+    carries its own as its ``traceparent`` (its ``process`` span is its child) and its
+    dependants link to it. Their ``traceparent`` by name; none unless sampled."""
+    out: dict[str, str] = {}
+    for name in names:
+        attrs = {**tel.attributes, ATTR_BATCH_ID: flow_id, ATTR_FLOW_STEP: name}
+        span = tel.tracer.start_span(SPAN_FLOW_STEP, attributes=attrs)
+        context = span.get_span_context()
+        if span.is_recording() and context.is_valid:
+            out[name] = traceparent(context)
+        span.end()
+    return out
 
 
 def record_batch(tel: Telemetry, job: Job) -> None:
@@ -112,5 +141,6 @@ __all__ = [
     "opening",
     "parse_traceparent",
     "record_batch",
+    "step_spans",
     "traceparent",
 ]

@@ -39,8 +39,11 @@ ATTR_LEASE_WAIT = "aqw.lease.wait"
 ATTR_LOCK = "aqw.lock.name"
 SPAN_BATCH_OPEN = "aqw.batch.open"
 SPAN_FLOW_START = "aqw.flow.start"
+SPAN_FLOW_STEP = "aqw.flow.step"
+ATTR_FLOW_STEP = "aqw.flow.step"
 ATTR_BATCH_ID = "aqw.batch.id"
-#: A link's kind: ``batch`` on a callback's or a step's link to its batch's or flow's span.
+#: A link's kind: ``batch`` on a callback's or a step's link to its batch's or flow's span,
+#: ``parent`` on a step's link to a parent step's ``aqw.flow.step`` span.
 ATTR_LINK_KIND = "aqw.link"
 ATTR_BATCH_OUTCOME = "aqw.batch.outcome"
 # stage timings on the ``process`` span (trace_detail="job"), milliseconds

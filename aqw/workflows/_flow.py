@@ -24,7 +24,7 @@ from ..errors import ConfigError
 from ..job import Job
 from ..record import JobInfo
 from ..task import Task
-from ..telemetry import BATCH_TRACE_HEADER, SPAN_FLOW_START, opening
+from ..telemetry import BATCH_TRACE_HEADER, SPAN_FLOW_START, opening, step_spans
 from ._batch import BatchApp, Build, batch_part
 
 
@@ -120,8 +120,10 @@ async def start_flow(app: BatchApp, build: Build, flow: Flow, queue: str | None 
     queue = queue if queue is not None else app.queue
     part = batch_part(app.broker_for(queue))
     flow_id = new_job_id()
-    with opening(app.telemetry_for(queue), SPAN_FLOW_START, flow_id) as trace:
-        await _start(app, build, flow, queue, part, flow_id, trace)
+    tel = app.telemetry_for(queue)
+    with opening(tel, SPAN_FLOW_START, flow_id) as trace:
+        spans = step_spans(tel, flow_id, flow.steps) if trace is not None else {}
+        await _start(app, build, flow, queue, part, flow_id, trace, spans)
     return flow_id
 
 
@@ -133,6 +135,7 @@ async def _start(
     part: BatchCounts,
     flow_id: str,
     trace: str | None,
+    spans: dict[str, str],
 ) -> None:
     ids = {name: new_job_id() for name in flow.steps}
     gates = {name: new_job_id() for name, s in flow.steps.items() if s.after}
@@ -144,8 +147,11 @@ async def _start(
     gated: dict[str, Job] = {}
     for name, s in flow.steps.items():
         head = {BATCH_HEADER: counts_in[name]}
-        if trace is not None:  # the flow's span: each step's links to it
-            head[BATCH_TRACE_HEADER] = trace
+        if trace is not None:  # the flow's span and its parents' step spans: links
+            parents = (spans[p] for p in s.after if p in spans)
+            head[BATCH_TRACE_HEADER] = " ".join([trace, *parents])
+            if name in spans:  # its own step span: its process span's parent
+                head["traceparent"] = spans[name]
         if s.after:  # its payload: its parents' results, written in by its gate
             own = s.task.options.queue or app.queue
             if own != queue:
