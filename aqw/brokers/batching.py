@@ -179,9 +179,13 @@ class BatchInfo:
                 "cancelled": self.cancelled,
                 "expired": self.expired,
                 "callbacks": self.callbacks,
+                **{k: v for k, v in self._times().items() if v is not None},
             },
             separators=(",", ":"),
         )
+
+    def _times(self) -> dict[str, float | None]:
+        return {"created_at": self.created_at, "completed_at": self.completed_at}
 
     @classmethod
     def from_json(cls, text: str) -> BatchInfo:

@@ -16,6 +16,7 @@ from ..errors import ConfigError
 from . import _actions as actions
 from . import _controls as controls
 from . import _pages as pages
+from . import _workflows as workflows
 from ._core import AuthHook, Dashboard
 from ._http import SecurityHeaders
 from ._queries import DashboardApp
@@ -82,6 +83,8 @@ def create_app(
         Route("/dlq/entry/{entry_id}", get(pages.dead_entry), name="dlq_entry"),
         Route("/jobs", get(pages.find_job), name="find_job"),
         Route("/jobs/{job_id:path}", get(pages.job), name="job"),
+        Route("/batches/{batch_id:path}", get(workflows.batch_page), name="batch"),
+        Route("/flows/{flow_id:path}", get(workflows.flow_page), name="flow"),
         Route("/redis", get(pages.redis), name="redis"),
         Route("/waiting", get(controls.waiting), name="waiting"),
         Route("/rates", get(controls.rates), name="rates"),

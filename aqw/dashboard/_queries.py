@@ -16,6 +16,7 @@ from .._redact import redact_payload
 from ..app import DeadLetters
 from ..brokers import CancelOutcome
 from ..brokers.base import Broker, DeadJob
+from ..brokers.batching import BATCH_HEADER
 from ..job import Job
 from ..monitor import is_monitor_heartbeat
 from ..record import JobInfo
@@ -71,6 +72,15 @@ def trace_id(job: Job | None) -> str | None:
     if len(parts) == 4 and len(parts[1]) == 32 and parts[1].strip("0123456789abcdef") == "":
         return parts[1]
     return None
+
+
+def batch_of(job: Job | None) -> str | None:
+    """The batch (or flow) a job counts in, from its ``BATCH_HEADER`` (a flow step's names
+    its flow first, then its dependants' gates); None for any other job."""
+    if job is None:
+        return None
+    head = job.headers.get(BATCH_HEADER, "").split()
+    return head[0] if head else None
 
 
 def decode(data: bytes) -> Job | None:
@@ -223,7 +233,8 @@ async def dead_entry(app: DashboardApp, entry_id: str) -> dict[str, Any] | None:
 async def job_detail(app: DashboardApp, job_id: str) -> dict[str, Any]:
     """A job's record (``app.job``) and its envelope: from its DLQ entry when it is dead,
     from the queue while it waits, runs or is delayed (``control.find``): the payload
-    (secrets hidden, cut with a size note) and the trace id of its ``traceparent``."""
+    (secrets hidden, cut with a size note), the trace id of its ``traceparent``, and the
+    batch or flow it counts in (one more read, only for a job that carries one)."""
     info = await app.job(job_id)
     job: Job | None = None
     if info is not None and info.dlq_entry:
@@ -233,11 +244,18 @@ async def job_detail(app: DashboardApp, job_id: str) -> dict[str, Any]:
     if job is None and control is not None and info is not None and not info.finished:
         found = await control.find(job_id)  # waiting, running or delayed: its envelope
         job = decode(found) if found is not None else None
+    batch_id, batch_page = batch_of(job), "batches"
+    part = app.broker.batches
+    if batch_id is not None and part is not None:  # a flow's step: link to the flow page
+        batch = await part.info(batch_id)
+        batch_page = "flows" if batch is not None and batch.data else "batches"
     return {
         "info": info,
         "job": job,
         "payload": Payload.of(job.payload) if job is not None else None,
         "trace_id": trace_id(job),
+        "batch_id": batch_id,
+        "batch_page": batch_page,
         "result": Payload.of(info.result) if info is not None and info.has_result else None,
     }
 

@@ -19,6 +19,13 @@ Spans (OpenTelemetry messaging semantic conventions):
   ``aqw.lease.refused``).
 
 - ``aqw.lock <name>`` around ``ctx.lock(...)`` acquisitions.
+- ``aqw.batch.open`` around an ``async with app.batch(...)`` block, ``aqw.flow.start``
+  around ``app.start(flow)``: their context is kept in the ``aqw-batch-trace`` header of
+  the batch's callbacks and the flow's steps, whose ``process`` spans link to it
+  (``aqw.link=batch``); each step of a flow is an ``aqw.flow.step`` span (ended at once),
+  the parent of its ``process`` span and linked from its dependants' (``aqw.link=parent``).
+  Metrics ``aqw.batches.completed`` (by ``aqw.batch.outcome``) and
+  ``aqw.batch.duration``, recorded once per batch when its first callback starts.
 
 A sampled-out job's non-recording span is still current while its handler runs, so the
 handler's own spans follow the sampling decision; the producer's baggage is current too.
@@ -36,17 +43,22 @@ The package, one idea a module: ``_names`` (every span, event, attribute and met
 
 from __future__ import annotations
 
+from ._batch_trace import BATCH_TRACE_HEADER, batch_links, opening, record_batch, step_spans
 from ._job_trace import JobTrace, now_ns
 from ._names import (
     ATTR_ATTEMPT,
     ATTR_BATCH_COUNT,
+    ATTR_BATCH_ID,
+    ATTR_BATCH_OUTCOME,
     ATTR_CONSUMER_GROUP,
     ATTR_DESTINATION,
     ATTR_DLQ_REASON,
     ATTR_FENCING_TOKEN,
+    ATTR_FLOW_STEP,
     ATTR_HANDLER_MS,
     ATTR_LEASE_ACQUIRE_MS,
     ATTR_LEASE_WAIT,
+    ATTR_LINK_KIND,
     ATTR_LOCK,
     ATTR_MESSAGE_ID,
     ATTR_OPERATION_NAME,
@@ -63,6 +75,9 @@ from ._names import (
     EVENT_STUCK,
     METRICS,
     SCOPE,
+    SPAN_BATCH_OPEN,
+    SPAN_FLOW_START,
+    SPAN_FLOW_STEP,
     SPAN_HANDLER,
     SPAN_LEASE,
     SPAN_LOCK,
@@ -78,13 +93,17 @@ from ._telemetry import Telemetry
 __all__ = [
     "ATTR_ATTEMPT",
     "ATTR_BATCH_COUNT",
+    "ATTR_BATCH_ID",
+    "ATTR_BATCH_OUTCOME",
     "ATTR_CONSUMER_GROUP",
     "ATTR_DESTINATION",
     "ATTR_DLQ_REASON",
     "ATTR_FENCING_TOKEN",
+    "ATTR_FLOW_STEP",
     "ATTR_HANDLER_MS",
     "ATTR_LEASE_ACQUIRE_MS",
     "ATTR_LEASE_WAIT",
+    "ATTR_LINK_KIND",
     "ATTR_LOCK",
     "ATTR_MESSAGE_ID",
     "ATTR_OPERATION_NAME",
@@ -95,12 +114,16 @@ __all__ = [
     "ATTR_SETTLE_MS",
     "ATTR_SYSTEM",
     "ATTR_TASK",
+    "BATCH_TRACE_HEADER",
     "EVENT_LOST",
     "EVENT_REFUSED",
     "EVENT_RENEWED",
     "EVENT_STUCK",
     "METRICS",
     "SCOPE",
+    "SPAN_BATCH_OPEN",
+    "SPAN_FLOW_START",
+    "SPAN_FLOW_STEP",
     "SPAN_HANDLER",
     "SPAN_LEASE",
     "SPAN_LOCK",
@@ -111,7 +134,11 @@ __all__ = [
     "TRACE_DETAILS",
     "JobTrace",
     "Telemetry",
+    "batch_links",
     "configure_otel",
     "now_ns",
+    "opening",
+    "record_batch",
     "shutdown_otel",
+    "step_spans",
 ]

@@ -152,16 +152,18 @@ def start_process_span(
     fetched: tuple[int, int] | None,
     name: str,
     attributes: dict[str, Any],
+    extra: list[Link] | None = None,
 ) -> Span:
     """Start a job's ``process`` span named ``name``, with the task's constant
     ``attributes``: a child of the producer's span in ``extracted`` (the context the job's
-    headers carry), or (``tel.link``) the root of a new trace linked to it."""
+    headers carry), or (``tel.link``) the root of a new trace linked to it; ``extra``: links
+    besides (a batch callback's or a flow step's, to its batch's or flow's span)."""
     parent = extracted
-    links: list[Link] | None = None
+    links = extra
     if tel.link:
         producer = trace.get_current_span(extracted).get_span_context()
         if producer.is_valid:
-            links = [Link(producer)]
+            links = [Link(producer), *(extra or ())]
         parent = _ROOT
     return tel.tracer.start_span(
         name,

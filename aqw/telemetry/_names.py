@@ -37,6 +37,15 @@ ATTR_RETRY_DELAY = "aqw.retry.delay"
 ATTR_DLQ_REASON = "aqw.dead_letter.reason"
 ATTR_LEASE_WAIT = "aqw.lease.wait"
 ATTR_LOCK = "aqw.lock.name"
+SPAN_BATCH_OPEN = "aqw.batch.open"
+SPAN_FLOW_START = "aqw.flow.start"
+SPAN_FLOW_STEP = "aqw.flow.step"
+ATTR_FLOW_STEP = "aqw.flow.step"
+ATTR_BATCH_ID = "aqw.batch.id"
+#: A link's kind: ``batch`` on a callback's or a step's link to its batch's or flow's span,
+#: ``parent`` on a step's link to a parent step's ``aqw.flow.step`` span.
+ATTR_LINK_KIND = "aqw.link"
+ATTR_BATCH_OUTCOME = "aqw.batch.outcome"
 # stage timings on the ``process`` span (trace_detail="job"), milliseconds
 ATTR_RECEIVE_MS = "aqw.receive_ms"
 ATTR_LEASE_ACQUIRE_MS = "aqw.lease.acquire_ms"
@@ -60,6 +69,8 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "aqw.jobs.stuck": ("counter", "{job}", "Jobs seen running past 2x their SLA"),
     "aqw.lease.renewals": ("counter", "{renewal}", "Successful lease renewals"),
     "aqw.lease.lost": ("counter", "{lease}", "Leases lost while held"),
+    "aqw.batches.completed": ("counter", "{batch}", "Batches complete, by aqw.batch.outcome"),
+    "aqw.batch.duration": ("histogram", "s", "Time from a batch's opening to its completion"),
     "aqw.lock.contended": ("counter", "{acquisition}", "Lock acquisitions refused or waited"),
     "aqw.lock.wait": ("histogram", "s", "Time spent waiting for a lock"),
     "aqw.cache.hits": ("counter", "{lookup}", "Cache lookups answered from the cache"),

@@ -12,6 +12,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from .._redact import redact_error, redact_message, redact_traceback
 from .._version import __version__
+from ._batch_trace import batch_links
 from ._instruments import INSTRUMENTS, GaugeSource, Instruments
 from ._job_trace import (
     NO_TRACE,
@@ -125,13 +126,16 @@ class Telemetry:
             else:
                 total[0] += n
 
-    def count_reason(self, name: str, task: str | None, reason: str) -> None:
-        """Add 1 to counter ``name`` (one of ``METRICS``) with a ``reason`` attribute."""
+    def count_reason(
+        self, name: str, task: str | None, reason: str, attribute: str = "reason"
+    ) -> None:
+        """Add 1 to counter ``name`` (one of ``METRICS``) with a ``reason`` attribute (or
+        the one named ``attribute``)."""
         if self._instruments is not None:
             key = (name, self.queue, f"{task or ''}\0{reason}")
             total = self._instruments.totals.get(key)
             if total is None:
-                attrs = {**self.metric_attributes(task), "reason": reason}
+                attrs = {**self.metric_attributes(task), attribute: reason}
                 self._instruments.totals[key] = [1, attrs]
             else:
                 total[0] += 1
@@ -255,7 +259,8 @@ class Telemetry:
         if attrs is None:
             attrs = self._process_attrs[job.task] = process_attributes(self, job.task)
         extracted = self._header_contexts.of(job.headers)
-        span = start_process_span(self, extracted, fetched, self._process_name, attrs)
+        links = batch_links(job.headers)
+        span = start_process_span(self, extracted, fetched, self._process_name, attrs, links)
         if not span.is_recording():  # sampled out: no attributes, events or children
             return SampledOutJobTrace(trace.set_span_in_context(span, extracted))
         if self.detail == "job":

@@ -18,6 +18,7 @@ from typing import Any
 from opentelemetry.trace import Status, StatusCode
 
 from ..brokers.base import Broker, Delivery
+from ..brokers.batching import BATCH_INFO_HEADER
 from ..cache import Cache
 from ..context import Context, ContextHost, job_fields
 from ..errors import (
@@ -34,7 +35,7 @@ from ..errors import (
 from ..job import Job
 from ..lease import Lease, LeaseKeeper
 from ..task import Task
-from ..telemetry import Telemetry, now_ns
+from ..telemetry import Telemetry, now_ns, record_batch
 from ._backoff import Backoff
 from ._deferring import AdaptiveRates, defer, start_backend
 from ._handler import Outcome, describe, run_handler
@@ -148,6 +149,8 @@ class JobPath:
             renewed, lost = tel.lease_counters(job.task)
             lease.on_renewed(renewed)
             lease.on_lost(lost)
+            if BATCH_INFO_HEADER in job.headers:  # a batch's callback: its batch's metrics
+                record_batch(tel, job)
         run = RunningJob(job, lease, jt, Context(job, lease, self.host))
         error: BaseException | None = None
         try:

@@ -3,7 +3,7 @@ steps with edges (``Flow``), on the broker's ``BatchCounts`` part, counted in ea
 own settle step."""
 
 from ._batch import Batch, BatchApp, Build, batch_part
-from ._flow import Flow, FlowInfo, Step, StepInfo, flow_info, start_flow
+from ._flow import Flow, FlowInfo, Step, StepInfo, flow_info, read_flow, start_flow
 
 __all__ = [
     "Batch",
@@ -15,5 +15,6 @@ __all__ = [
     "StepInfo",
     "batch_part",
     "flow_info",
+    "read_flow",
     "start_flow",
 ]

@@ -10,7 +10,9 @@ each child's settle step (``aqw.brokers.batching``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -28,6 +30,7 @@ from ..brokers.parts import BatchCounts
 from ..errors import ConfigError
 from ..job import Job
 from ..task import Enqueued, Task
+from ..telemetry import BATCH_TRACE_HEADER, SPAN_BATCH_OPEN, Telemetry, opening
 
 
 class BatchApp(Protocol):
@@ -40,6 +43,7 @@ class BatchApp(Protocol):
     @property
     def idempotency_ttl(self) -> float: ...
     def broker_for(self, queue: str) -> Broker: ...
+    def telemetry_for(self, queue: str) -> Telemetry: ...
 
 
 #: Builds checked jobs: (task, payloads, headers, queue, idempotency key) -> jobs.
@@ -81,7 +85,7 @@ class Batch:
         self.queue = queue if queue is not None else app.queue
         self._app, self._build = app, build
         self._part = batch_part(app.broker_for(self.queue))
-        callbacks: dict[str, Job] = {}
+        self._tasks: dict[str, Task[Any]] = {}
         for kind, task in (
             ("complete", on_complete),
             ("success", on_success),
@@ -91,10 +95,9 @@ class Batch:
                 continue
             if not isinstance(task, Task):
                 raise ConfigError(f"batch on_{kind} must be a task (@app.task), got {task!r}")
-            head = {BATCH_INFO_HEADER: BATCH_INFO_SLOT}
-            (callbacks[kind],) = build(
-                task, [payload], head, self.queue, callback_key(self.id, kind)
-            )
+            self._tasks[kind] = task
+        self._payload = payload
+        callbacks = self._callbacks({})
         self._spec = BatchSpec(
             self.id,
             callbacks,
@@ -104,14 +107,33 @@ class Batch:
             parent=parent,
         )
         self._opened = False
+        self._span: AbstractContextManager[str | None] | None = None
         #: The batch's state once the block has exited (sealed, or cancelled).
         self.info: BatchInfo | None = None
+
+    def _callbacks(self, headers: dict[str, str]) -> dict[str, Job]:
+        """The callbacks' jobs (their payloads checked here), with ``headers`` besides."""
+        head = {**headers, BATCH_INFO_HEADER: BATCH_INFO_SLOT}
+        out: dict[str, Job] = {}
+        for kind, task in self._tasks.items():
+            key = callback_key(self.id, kind)
+            (out[kind],) = self._build(task, [self._payload], head, self.queue, key)
+        return out
 
     async def __aenter__(self) -> Batch:
         if self._opened:
             raise ConfigError(f"batch {self.id!r} is opened once")
-        await self._part.open(self._spec)
-        self._opened = True
+        span = opening(self._app.telemetry_for(self.queue), SPAN_BATCH_OPEN, self.id)
+        trace = span.__enter__()  # the block's span: the callbacks' spans link to it
+        if trace is not None and self._tasks:  # built anew: a job's headers are fixed
+            callbacks = self._callbacks({BATCH_TRACE_HEADER: trace})
+            self._spec = dataclasses.replace(self._spec, callbacks=callbacks)
+        try:
+            await self._part.open(self._spec)
+        except BaseException as exc:
+            span.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        self._span, self._opened = span, True
         return self
 
     async def __aexit__(
@@ -120,10 +142,14 @@ class Batch:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc_type is None:
-            self.info = await self._part.seal(self.id)
-        else:
-            self.info = await self._part.cancel(self.id)
+        try:
+            if exc_type is None:
+                self.info = await self._part.seal(self.id)
+            else:
+                self.info = await self._part.cancel(self.id)
+        finally:
+            if self._span is not None:
+                self._span.__exit__(exc_type, exc, tb)
 
     async def enqueue(self, task: Task[Any], payload: Any = None) -> Enqueued:
         """Enqueue one child of ``task``; its id."""

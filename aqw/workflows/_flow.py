@@ -17,11 +17,14 @@ from typing import Any
 
 from .._ids import new_job_id
 from .._text import quoted
+from ..brokers import Broker
 from ..brokers.batching import BATCH_HEADER, FLOW_INPUT_SLOT, BatchInfo, BatchSpec
+from ..brokers.parts import BatchCounts
 from ..errors import ConfigError
 from ..job import Job
 from ..record import JobInfo
 from ..task import Task
+from ..telemetry import BATCH_TRACE_HEADER, SPAN_FLOW_START, opening, step_spans
 from ._batch import BatchApp, Build, batch_part
 
 
@@ -117,6 +120,23 @@ async def start_flow(app: BatchApp, build: Build, flow: Flow, queue: str | None 
     queue = queue if queue is not None else app.queue
     part = batch_part(app.broker_for(queue))
     flow_id = new_job_id()
+    tel = app.telemetry_for(queue)
+    with opening(tel, SPAN_FLOW_START, flow_id) as trace:
+        spans = step_spans(tel, flow_id, flow.steps) if trace is not None else {}
+        await _start(app, build, flow, queue, part, flow_id, trace, spans)
+    return flow_id
+
+
+async def _start(
+    app: BatchApp,
+    build: Build,
+    flow: Flow,
+    queue: str,
+    part: BatchCounts,
+    flow_id: str,
+    trace: str | None,
+    spans: dict[str, str],
+) -> None:
     ids = {name: new_job_id() for name in flow.steps}
     gates = {name: new_job_id() for name, s in flow.steps.items() if s.after}
     counts_in = {
@@ -127,6 +147,11 @@ async def start_flow(app: BatchApp, build: Build, flow: Flow, queue: str | None 
     gated: dict[str, Job] = {}
     for name, s in flow.steps.items():
         head = {BATCH_HEADER: counts_in[name]}
+        if trace is not None:  # the flow's span and its parents' step spans: links
+            parents = (spans[p] for p in s.after if p in spans)
+            head[BATCH_TRACE_HEADER] = " ".join([trace, *parents])
+            if name in spans:  # its own step span: its process span's parent
+                head["traceparent"] = spans[name]
         if s.after:  # its payload: its parents' results, written in by its gate
             own = s.task.options.queue or app.queue
             if own != queue:
@@ -169,12 +194,16 @@ async def start_flow(app: BatchApp, build: Build, flow: Flow, queue: str | None 
         await part.open(spec)
     await part.add(flow_id, roots)
     await part.seal(flow_id)
-    return flow_id
 
 
 async def flow_info(app: BatchApp, flow_id: str, queue: str | None = None) -> FlowInfo | None:
     """The flow's state and each step's, or None (unknown id, or expired)."""
-    broker = app.broker_for(queue if queue is not None else app.queue)
+    return await read_flow(app.broker_for(queue if queue is not None else app.queue), flow_id)
+
+
+async def read_flow(broker: Broker, flow_id: str) -> FlowInfo | None:
+    """``flow_info`` on ``broker``: the flow's batch and each step's record (one read each),
+    or None (unknown id, expired, or a batch that is not a flow)."""
     info = await batch_part(broker).info(flow_id)
     if info is None or not info.data:
         return None

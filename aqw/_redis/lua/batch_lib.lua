@@ -62,10 +62,11 @@ end
 batch_fire = function(prefix, bid)
   local b = prefix .. 'batch:' .. bid
   local h = redis.call('HMGET', b, 'total', 'succeeded', 'failed', 'cancelled', 'expired',
-    'keep', 'key_ttl', 'parent')
+    'keep', 'key_ttl', 'parent', 'created_at')
   local total, ok, failed = tonumber(h[1] or 0), tonumber(h[2] or 0), tonumber(h[3] or 0)
   local cancelled, expired = tonumber(h[4] or 0), tonumber(h[5] or 0)
-  redis.call('HSET', b, 'state', 'complete', 'completed_at', batch_now())
+  local now = batch_now()
+  redis.call('HSET', b, 'state', 'complete', 'completed_at', now)
   local due, ids = {}, {}
   for _, kind in ipairs({'complete', 'success', 'failure'}) do
     if kind == 'complete' or (kind == 'success' and ok == total)
@@ -78,7 +79,8 @@ batch_fire = function(prefix, bid)
     end
   end
   local info = cjson.encode({id = bid, state = 'complete', total = total, pending = 0,
-    succeeded = ok, failed = failed, cancelled = cancelled, expired = expired, callbacks = ids})
+    succeeded = ok, failed = failed, cancelled = cancelled, expired = expired, callbacks = ids,
+    created_at = h[9] or nil, completed_at = now})
   if #due == 0 then
     info = string.gsub(info, '"callbacks":%[%]', '"callbacks":{}')  -- an empty table
   end
