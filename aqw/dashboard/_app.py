@@ -15,6 +15,7 @@ from starlette.staticfiles import StaticFiles
 from ..errors import ConfigError
 from . import _actions as actions
 from . import _controls as controls
+from . import _limits as limits
 from . import _pages as pages
 from ._core import AuthHook, Dashboard
 from ._http import SecurityHeaders
@@ -42,7 +43,7 @@ def create_app(
     Args:
         app: the ``aqw.App`` whose queue to show.
         read_only: refuse every write action (cancel, replay, purge, pause, resume, delete,
-            promote) with 403, and show no
+            promote, set or reset a limit) with 403, and show no
             buttons for them.
         auth: called with each request (``starlette.requests.Request``); returns (or
             awaits to) True to serve it, False to answer 401 (with a ``WWW-Authenticate:
@@ -85,10 +86,12 @@ def create_app(
         Route("/redis", get(pages.redis), name="redis"),
         Route("/waiting", get(controls.waiting), name="waiting"),
         Route("/rates", get(controls.rates), name="rates"),
+        Route("/limits", get(limits.page), name="limits"),
         Route("/actions/pause", get(controls.pause, True), methods=["POST"]),
         Route("/actions/resume", get(controls.resume, True), methods=["POST"]),
         Route("/actions/delete", get(controls.delete, True), methods=["POST"]),
         Route("/actions/promote", get(controls.promote, True), methods=["POST"]),
+        Route("/actions/limits", get(limits.change, True), methods=["POST"]),
         Route("/actions/cancel", get(actions.cancel, True), methods=["POST"]),
         Route("/actions/replay", get(actions.replay, True), methods=["POST"]),
         Route("/actions/replay-edited", get(actions.replay_edited, True), methods=["POST"]),
