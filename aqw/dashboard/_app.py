@@ -16,6 +16,7 @@ from ..errors import ConfigError
 from . import _actions as actions
 from . import _controls as controls
 from . import _limits as limits
+from . import _live as live
 from . import _pages as pages
 from ._core import AuthHook, Dashboard
 from ._http import SecurityHeaders
@@ -77,6 +78,7 @@ def create_app(
         Route("/", get(pages.overview), name="overview"),
         Route("/workers", get(pages.workers), name="workers"),
         Route("/running", get(pages.running), name="running"),
+        Route("/running/progress", get(live.progress), name="running_progress"),
         Route("/delayed", get(pages.delayed), name="delayed"),
         Route("/schedules", get(pages.schedules), name="schedules"),
         Route("/dlq", get(pages.dead_letters), name="dlq"),

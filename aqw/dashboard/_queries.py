@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -47,6 +48,8 @@ class DashboardApp(SchedulesApp, Protocol):
     def lease_ttl_of(self, job: Job | None) -> float: ...
     @property
     def limits(self) -> RunTimeLimits: ...
+    @property
+    def progress(self) -> Callable[[str], AsyncIterator[Any]]: ...
 
 
 class RunTimeLimits(Protocol):
