@@ -22,7 +22,7 @@ import aqw
 from aqw.dashboard import _live as live
 from aqw.dashboard import create_app
 from aqw.dashboard._queries import PAGE
-from tests._helpers import free_port, running
+from tests._helpers import eventually, free_port, running
 from tests.conftest import Backend
 
 pytestmark = pytest.mark.timeout(60)
@@ -179,3 +179,38 @@ async def test_a_stream_ends_after_its_time(
     # the job still ran when the stream ended: its update, no end (the page reopens it)
     assert re.findall(r"^event: (\w+)", r.text, re.M) == ["progress"]
     assert '"fraction": 0.1' in r.text and "retry: 2000" in r.text
+
+
+def readers() -> list[asyncio.Task[Any]]:
+    """The live-progress readers running in this loop."""
+    return [
+        t
+        for t in asyncio.all_tasks()
+        if getattr(t.get_coro(), "__qualname__", "").startswith("_stream.<locals>.follow")
+    ]
+
+
+async def test_a_page_that_goes_away_leaves_no_reader(backend: Backend) -> None:
+    app = backend.app()
+    gate = asyncio.Event()
+
+    @app.task(name="hold")
+    async def hold(n: int, ctx: aqw.Context) -> None:
+        await ctx.progress(0.2, "started")
+        await gate.wait()
+
+    job_id = str(await hold.enqueue(1))
+    async with running(app.worker()), serve(create_app(app)) as base:
+        try:
+            async with (
+                httpx.AsyncClient(base_url=base, timeout=30) as c,
+                c.stream("GET", "/running/progress", params={"job": job_id}) as r,
+            ):
+                async for name, data in events(r.aiter_lines()):
+                    assert (name, data["fraction"]) == ("progress", 0.2)
+                    assert len(readers()) == 1  # the job still runs: its reader reads on
+                    break
+            # the page went away while the job runs: its reader is stopped, not left reading
+            await eventually(lambda: not readers() and not live.STOPPING, 10, "no reader")
+        finally:
+            gate.set()

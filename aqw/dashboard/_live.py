@@ -13,8 +13,8 @@ broker down) is left out of it, and its row keeps what the page showed."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,10 +26,16 @@ from . import _queries as q
 from ._core import Dashboard
 from ._pages import bad_request
 
+log = logging.getLogger("aqw.dashboard")
+
 #: Seconds one stream lasts at most before the browser opens it again (``retry``: how long
 #: it waits, in milliseconds).
 STREAM_FOR = 30.0
 RETRY_MS = 2000
+#: Seconds between two cancels of a reader that has not ended yet.
+STOP_EVERY = 0.1
+#: The readers' stops under way (kept until they end).
+STOPPING: set[asyncio.Future[None]] = set()
 
 
 def _event(job_id: str, update: Any) -> str:
@@ -66,6 +72,8 @@ async def _stream(dash: Dashboard, ids: list[str]) -> AsyncIterator[str]:
                 changed.set()
         except failures:
             pass  # no record of it, or the broker is down: its row keeps what it showed
+        except Exception:  # a fault of the reader's own: its row stays, the log says why
+            log.exception("live progress of job %s stopped", job_id)
 
     readers = [asyncio.ensure_future(follow(job_id)) for job_id in ids]
     deadline = asyncio.get_running_loop().time() + STREAM_FOR
@@ -86,9 +94,18 @@ async def _stream(dash: Dashboard, ids: list[str]) -> AsyncIterator[str]:
                 yield _event(job_id, update)
         if all(r.done() for r in readers):
             yield "event: end\ndata: {}\n\n"  # each job ended: the page need not reopen it
-    finally:
-        for reader in readers:
+    finally:  # in a task of its own: a stream closed by a cancel still stops its readers
+        stopper = asyncio.ensure_future(_stop(readers))
+        STOPPING.add(stopper)
+        stopper.add_done_callback(STOPPING.discard)
+        await asyncio.shield(stopper)
+
+
+async def _stop(readers: list[asyncio.Task[None]]) -> None:
+    """Cancel the readers until each has ended: a cancel that lands as a Redis command
+    completes can be swallowed, and the reader would read on until its job ends."""
+    pending = {r for r in readers if not r.done()}
+    while pending:
+        for reader in pending:
             reader.cancel()
-        for reader in readers:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
+        _, pending = await asyncio.wait(pending, timeout=STOP_EVERY)
