@@ -377,3 +377,20 @@ def rate_text(starts_per_second: float) -> str:
     if starts_per_second * 60 >= 1:
         return f"{round(starts_per_second * 60)}/min"
     return f"{max(1, round(starts_per_second * 3600))}/h"
+
+
+def rates_in_force(flows: dict[str, FlowControl], changed: dict[str, str]) -> list[dict[str, Any]]:
+    """Each task-wide rate limit of ``flows`` (task -> flow control) in force under the
+    run-time map ``changed``: ``task``, ``registered``, ``now`` (as text), ``per_second``
+    (of ``now``), ``adaptive`` and ``min`` (an ``Adaptive``'s floor, else None)."""
+    rows: list[dict[str, Any]] = []
+    for task in sorted(flows):
+        flow = flows[task]
+        if flow.rate is not None:
+            now = stored_rate(changed.get(f"rate:{task}")) or flow.rate
+            floor = None if flow.floor is None else str(flow.floor)
+            rows.append(
+                {"task": task, "registered": str(flow.rate), "now": str(now)}
+                | {"per_second": per_second(now), "adaptive": floor is not None, "min": floor}
+            )
+    return rows

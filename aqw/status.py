@@ -36,6 +36,7 @@ from ._readback import split_heartbeats, to_float, to_int
 from ._text import printable
 from .brokers.base import Broker
 from .brokers.messages import BlockedLease
+from .flow import rates_in_force
 from .job import Job
 from .monitor import format_age as _age
 from .monitor import is_monitor_heartbeat
@@ -83,6 +84,8 @@ async def gather_status(
     monitor = monitors[-1] if monitors else None
     flows = {n: t.options.flow for n, t in app.tasks.items()} if app is not None else None
     scaling = await scaling_inputs(broker, depth, workers, flows, now)
+    store = broker.run_limits  # the rate limits in force (an adaptive one's value now)
+    rates = rates_in_force(flows or {}, await store.read() if flows and store else {})
     return {
         "queue": broker.queue,
         "at": now,
@@ -114,6 +117,7 @@ async def gather_status(
         "in_process": broker.in_process,
         "desired_workers": desired_workers(scaling),  # the autoscaling signal (scaling.py)
         "scaling": scaling.as_dict(),
+        "rate_limits": rates,
     }
 
 
@@ -210,6 +214,13 @@ def _p(value: Any) -> str:
     return printable(value)
 
 
+def _rates(status: dict[str, Any]) -> list[str]:
+    """The rate limits in force (an ``Adaptive`` one's current value), as table lines."""
+    keys, head = ("task", "now", "registered", "min"), ["TASK", "NOW", "REGISTERED", "ADAPTIVE MIN"]
+    rows = [[_p(r[k] or "-") for k in keys] for r in status.get("rate_limits") or []]
+    return ["", "rate limits:", *_table(head, rows)] if rows else []
+
+
 def render(status: dict[str, Any]) -> str:
     """``status`` (from ``gather_status``) as a plain-text screen. Every string that came
     from the broker is escaped (``aqw._text.printable``): no terminal escape gets through."""
@@ -265,6 +276,7 @@ def render(status: dict[str, Any]) -> str:
             f"  [{_p(a.get('severity'))}] {_p(a.get('rule'))} since "
             f"{_clock(a.get('fired_at'))}: {_p(a.get('summary'))}"
         )
+    out += _rates(status)
     if status["stuck"]:
         rows = [
             [

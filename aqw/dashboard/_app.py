@@ -15,6 +15,8 @@ from starlette.staticfiles import StaticFiles
 from ..errors import ConfigError
 from . import _actions as actions
 from . import _controls as controls
+from . import _limits as limits
+from . import _live as live
 from . import _pages as pages
 from . import _workflows as workflows
 from ._core import AuthHook, Dashboard
@@ -43,7 +45,7 @@ def create_app(
     Args:
         app: the ``aqw.App`` whose queue to show.
         read_only: refuse every write action (cancel, replay, purge, pause, resume, delete,
-            promote) with 403, and show no
+            promote, set or reset a limit) with 403, and show no
             buttons for them.
         auth: called with each request (``starlette.requests.Request``); returns (or
             awaits to) True to serve it, False to answer 401 (with a ``WWW-Authenticate:
@@ -77,6 +79,7 @@ def create_app(
         Route("/", get(pages.overview), name="overview"),
         Route("/workers", get(pages.workers), name="workers"),
         Route("/running", get(pages.running), name="running"),
+        Route("/running/progress", get(live.progress), name="running_progress"),
         Route("/delayed", get(pages.delayed), name="delayed"),
         Route("/schedules", get(pages.schedules), name="schedules"),
         Route("/dlq", get(pages.dead_letters), name="dlq"),
@@ -88,10 +91,12 @@ def create_app(
         Route("/redis", get(pages.redis), name="redis"),
         Route("/waiting", get(controls.waiting), name="waiting"),
         Route("/rates", get(controls.rates), name="rates"),
+        Route("/limits", get(limits.page), name="limits"),
         Route("/actions/pause", get(controls.pause, True), methods=["POST"]),
         Route("/actions/resume", get(controls.resume, True), methods=["POST"]),
         Route("/actions/delete", get(controls.delete, True), methods=["POST"]),
         Route("/actions/promote", get(controls.promote, True), methods=["POST"]),
+        Route("/actions/limits", get(limits.change, True), methods=["POST"]),
         Route("/actions/cancel", get(actions.cancel, True), methods=["POST"]),
         Route("/actions/replay", get(actions.replay, True), methods=["POST"]),
         Route("/actions/replay-edited", get(actions.replay_edited, True), methods=["POST"]),

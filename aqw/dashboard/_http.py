@@ -6,7 +6,8 @@ assets, refusals and 404s all carry them):
 
 - ``Content-Security-Policy``: scripts, styles and images from the dashboard's own origin
   only (it has no inline script or style; its charts are inline SVG markup, which needs
-  none), forms posted only to it, no ``<base>``, no plugin, no connection elsewhere, and
+  none), forms posted only to it, connections (the running page's live progress) only to
+  it, no ``<base>``, no plugin, and
   ``frame-ancestors 'none'``;
 - ``X-Frame-Options: DENY``: the same for browsers without CSP level 2. A framed dead-letter
   page would let another site's page click "Purge all" and then "Yes, do it" for the user
@@ -26,7 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 #: violations in Chromium).
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-    "form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+    "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
 )
 
 HEADERS: tuple[tuple[bytes, bytes], ...] = (

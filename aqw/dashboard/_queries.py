@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -46,6 +47,20 @@ class DashboardApp(SchedulesApp, Protocol):
     async def job(self, job_id: str) -> JobInfo | None: ...
     async def cancel(self, job_id: str) -> CancelOutcome: ...
     def lease_ttl_of(self, job: Job | None) -> float: ...
+    @property
+    def limits(self) -> RunTimeLimits: ...
+    @property
+    def progress(self) -> Callable[[str], AsyncIterator[Any]]: ...
+
+
+class RunTimeLimits(Protocol):
+    """``app.limits`` as the limits page uses it (``_limits.py``)."""
+
+    async def show(self) -> list[dict[str, Any]]: ...
+    async def set(
+        self, name: str, rate: str | None = None, *, max_per_key: int | None = None
+    ) -> None: ...
+    async def reset(self, name: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

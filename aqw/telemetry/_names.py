@@ -80,6 +80,7 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "aqw.queue.delayed": ("gauge", "{job}", "Jobs scheduled for later"),
     "aqw.queue.dlq": ("gauge", "{job}", "Jobs in the dead-letter queue"),
     "aqw.queue.desired_workers": ("gauge", "{worker}", "Workers the queue wants now (autoscaling)"),
+    "aqw.task.rate_limit": ("gauge", "{job}/s", "A task's rate limit in force (adaptive: now)"),
     "aqw.worker.in_flight": ("gauge", "{job}", "Jobs running in this worker"),
     "aqw.worker.loop_blocked": (
         "counter",

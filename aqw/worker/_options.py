@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from ..brokers.base import Broker, QueueDepth, check_priority_share
 from ..brokers.multi import MultiBroker, queue_of, queue_plan
 from ..errors import ConfigError
+from ..flow import rates_in_force
 from ..scaling import desired_workers, scaling_inputs
 from ._job_path import JobPath
 from ._slots import Runner
@@ -100,4 +101,24 @@ def depth_readings(
             if desired is not None and name in desired:
                 attrs = path.tel.metric_attributes(None)
                 out.append(("aqw.queue.desired_workers", float(desired[name]), attrs))
+    return out
+
+
+def rate_readings(paths: Mapping[str, JobPath]) -> list[tuple[str, float, dict[str, Any]]]:
+    """Gauge readings of each task's rate limit in force (starts per second; an adaptive
+    one's current value), from the run-time limits this process last read: no broker call."""
+    out: list[tuple[str, float, dict[str, Any]]] = []
+    for path in paths.values():
+        store = path.broker.run_limits
+        flows = {n: t.options.flow for n, t in path.tasks.items() if t.options.flow.rate}
+        if flows:
+            changed = store.current() if store is not None else {}
+            for row in rates_in_force(flows, changed):
+                out.append(
+                    (
+                        "aqw.task.rate_limit",
+                        row["per_second"],
+                        path.tel.metric_attributes(row["task"]),
+                    )
+                )
     return out

@@ -31,7 +31,15 @@ from ._job_path import JobPath
 from ._locks import ResourceLock
 from ._log_lines import Hints, log_started, log_stopped
 from ._needs import check_shared_parts
-from ._options import check_options, consumed_broker, depth_readings, depths_of, desired_of, route
+from ._options import (
+    check_options,
+    consumed_broker,
+    depth_readings,
+    depths_of,
+    desired_of,
+    rate_readings,
+    route,
+)
 from ._outage import Outage
 from ._running import RunningJobs, WorkerStats
 from ._scheduler import Scheduler
@@ -330,7 +338,11 @@ class Worker:
                 {**self.tel.metric_attributes(None), "aqw.worker": self.name},
             )
         ]
-        return readings + depth_readings(self.paths, self._depths, self._desired)
+        return (
+            readings
+            + depth_readings(self.paths, self._depths, self._desired)
+            + rate_readings(self.paths)
+        )
 
     def summary(self) -> dict[str, Any]:
         """What this worker publishes in its heartbeat: state, counters, recent rates,
