@@ -11,7 +11,6 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from ...errors import ConfigError
 from ...flow import Limits, completion_key
 from ...job import Job
 from ...lease import Lease, LeaseBackend
@@ -33,10 +32,11 @@ from ._layout import (
     warn_durability,
 )
 from ._leases import KvLeaseBackend
+from ._levels import NatsLevels
 from ._records import MAX_AGE, KvJobRecords
 from ._start import NatsStart
 from ._state import KvScheduleMarks, KvWorkerStatus
-from ._window import Held, Windows, pull
+from ._window import Held, Windows
 
 #: The AckWait of a queue whose workers said nothing longer (seconds).
 DEFAULT_ACK_WAIT = 30.0
@@ -80,6 +80,7 @@ class NatsBroker(Broker):
         self._records_kv: KeyValue | None = None
         self._dlq: DeadLetters | None = None
         self._delayed: Delayed | None = None
+        self.levels: NatsLevels | None = None
         self._counts: dict[str, int] = {}
         self._connecting = asyncio.Lock()
 
@@ -111,6 +112,8 @@ class NatsBroker(Broker):
         if js is not None and self.settings.ack_wait is None and want > self._windows.ack_wait:
             args = (names.stream, names.consumer, names.subject, want, False)
             self._windows.set_ack_wait(await ensure_consumer(js, *args, self.settings.max_deliver))
+            if self.levels is not None:
+                await self.levels.raise_ack_wait(self._windows.ack_wait)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -134,12 +137,18 @@ class NatsBroker(Broker):
         self._dlq = DeadLetters(js, names)
         promoter = await js.pull_subscribe_bind(names.promoter, names.delayed_stream)
         self._delayed = Delayed(js, names, promoter)
+        levels = NatsLevels(js, self._state_kv, names, self._windows, settings.max_deliver)
+        levels.exact = settings.ack_wait is not None
+        await levels.start()
+        self.levels = levels
         self._sub = await js.pull_subscribe_bind(names.consumer, names.stream)
         self._nc, self._js = nc, js
         warn_durability(nc, replicas, _warned)
 
     async def close(self) -> None:
         nc, self._nc, self._sub = self._nc, None, None
+        if self.levels is not None:
+            await self.levels.stop()
         if nc is not None:
             await nc.close()
 
@@ -154,22 +163,25 @@ class NatsBroker(Broker):
         await self._jet().publish(subject, data, stream=stream, headers=headers or None)
 
     async def publish(self, jobs: Sequence[Job]) -> None:
-        await self.connect()
-        for job in jobs:
-            if job.priority:
-                raise ConfigError(
-                    f"priority={job.priority}: a nats:// queue has one level (use a queue per "
-                    "level: docs/brokers/nats.md)"
-                )
+        await self._announce(jobs)
         names = self.names
         await asyncio.gather(*(self._records.enqueued(j) for j in jobs))
-        await asyncio.gather(*(self._send(names.subject, names.stream, j.encode()) for j in jobs))
+        await asyncio.gather(
+            *(self._send(names.subject_for(j.priority), names.stream, j.encode()) for j in jobs)
+        )
+
+    async def _announce(self, jobs: Sequence[Job]) -> None:
+        """Connected, and the consumers of the priority levels of ``jobs`` made."""
+        await self.connect()
+        if any(j.priority for j in jobs):
+            assert self.levels is not None
+            await self.levels.announce(j.priority for j in jobs)
 
     async def schedule(self, jobs: Sequence[Job], run_at: float) -> None:
         if run_at <= time.time():
             await self.publish(jobs)
             return
-        await self.connect()
+        await self._announce(jobs)
         assert self._delayed is not None
         await asyncio.gather(*(self._records.enqueued(j, run_at) for j in jobs))
         await self._delayed.add([j.encode() for j in jobs], run_at)
@@ -204,15 +216,8 @@ class NatsBroker(Broker):
 
     async def fetch(self, count: int, block: float, share: float = 0.0) -> list[Delivery]:
         await self.connect()
-        assert self._sub is not None
-        sent = time.monotonic()
-        wait = max(block, 0.01)
-        try:
-            msgs = await pull(self._sub, count, block)
-        except asyncio.CancelledError:
-            self._windows.cancelled(sent, wait)
-            raise
-        return self._windows.received(msgs, sent)
+        assert self._sub is not None and self.levels is not None
+        return await self.levels.fetch(self._sub, count, block, share)
 
     async def keep_alive(self, delivery: Delivery) -> bool:
         held = self._windows.hold(delivery)
@@ -311,7 +316,8 @@ class NatsBroker(Broker):
             return False
         names, once = self.names, f"retry.{delivery.id}"
         if run_at <= time.time():
-            await self._send(names.subject, names.stream, job.encode(), **{"Nats-Msg-Id": once})
+            subject = names.subject_for(job.priority)
+            await self._send(subject, names.stream, job.encode(), **{"Nats-Msg-Id": once})
         else:
             assert self._delayed is not None
             await self._delayed.add([job.encode()], run_at, once)
@@ -363,16 +369,9 @@ class NatsBroker(Broker):
 
     async def depth(self) -> QueueDepth:
         await self.connect()
-        js, names = self._jet(), self.names
-        assert self._dlq is not None
-        assert self._delayed is not None
-        consumer = await js.consumer_info(names.stream, names.consumer)
-        return QueueDepth(
-            int(consumer.num_pending or 0),
-            int(consumer.num_ack_pending or 0),
-            await self._delayed.count(),
-            await self._dlq.count(),
-        )
+        assert self._dlq is not None and self._delayed is not None and self.levels is not None
+        waiting, in_flight = await self.levels.counts()
+        return QueueDepth(waiting, in_flight, await self._delayed.count(), await self._dlq.count())
 
     async def stats(self) -> dict[str, int]:
         return dict(self._counts)
@@ -389,7 +388,9 @@ class NatsBroker(Broker):
         return await (await self._dead()).get(entry_id)
 
     async def dlq_replay(self, entries: Sequence[tuple[str, Job]]) -> int:
-        done = await (await self._dead()).replay(entries)
+        dead = await self._dead()
+        await self._announce([job for _, job in entries])
+        done = await dead.replay(entries)
         for job in done:
             await self._records.replayed(job)
         return len(done)

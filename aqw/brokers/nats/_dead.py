@@ -137,7 +137,7 @@ class DeadLetters:
             if seq is None or await self.get(entry_id) is None:
                 continue
             await self._js.publish(
-                self._names.subject,
+                self._names.subject_for(job.priority),
                 job.encode(),
                 stream=self._names.stream,
                 headers={"Nats-Msg-Id": f"replay.{seq}"},

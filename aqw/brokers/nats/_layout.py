@@ -6,7 +6,8 @@ One queue ``q`` is:
 
 - stream ``AQW_q`` (work-queue retention, file store) on subject ``aqw.q.jobs``, with the
   durable pull consumer ``aqw`` every worker of the queue shares (explicit acks, ``AckWait``
-  the lease window);
+  the lease window); a priority level N > 0 has subject ``aqw.q.jobs.pN`` in the same
+  stream and its own consumer ``aqw-pN``, made when a producer first uses it (``_levels.py``);
 - stream ``AQW_q_DELAYED`` (``aqw.q.delayed``): scheduled jobs and retries until their time,
   moved by ``promote_due`` through its own durable consumer ``promoter``;
 - stream ``AQW_q_DLQ`` (``aqw.q.dead``, limits retention): dead letters, one message each;
@@ -93,6 +94,14 @@ class Layout:
     def subject(self) -> str:
         return f"aqw.{self.queue}.jobs"
 
+    def subject_for(self, level: int) -> str:
+        """The subject of priority level ``level``: level 0 is ``subject``."""
+        return f"aqw.{self.queue}.jobs.p{level}" if level else self.subject
+
+    def consumer_for(self, level: int) -> str:
+        """The durable consumer of priority level ``level``: level 0 is ``consumer``."""
+        return f"{self.consumer}-p{level}" if level else self.consumer
+
     @property
     def delayed_stream(self) -> str:
         return f"AQW_{self.queue}_DELAYED"
@@ -141,11 +150,19 @@ class Settings:
 
 
 async def _stream(js: JetStreamContext, config: StreamConfig) -> None:
+    """The stream, created when missing; one that exists gets the subjects it lacks (a queue
+    made before priority levels gains their subjects), its other settings kept."""
     assert config.name is not None
     try:
-        await js.stream_info(config.name)
+        info = await js.stream_info(config.name)
     except NotFoundError:
         await js.add_stream(config)
+        return
+    have = list(info.config.subjects or [])
+    missing = [s for s in config.subjects or [] if s not in have]
+    if missing:
+        info.config.subjects = have + missing
+        await js.update_stream(info.config)
 
 
 async def ensure_streams(js: JetStreamContext, names: Layout, settings: Settings) -> None:
@@ -157,7 +174,7 @@ async def ensure_streams(js: JetStreamContext, names: Layout, settings: Settings
         js,
         StreamConfig(
             name=names.stream,
-            subjects=[names.subject],
+            subjects=[names.subject, f"{names.subject}.*"],
             retention=work,
             storage=file,
             num_replicas=r,

@@ -1,0 +1,94 @@
+"""Priority levels on NATS JetStream: the priority tests every broker passes
+(``tests/test_priorities.py``; not the debounced one: no debounce on NATS), run against the
+real server with a ``backend`` of this broker, and the layout a queue gets: its plain
+subject and consumer until a level is used."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import nats
+import pytest
+
+import aqw
+from aqw.brokers.nats import NatsBroker
+from aqw.job import Job
+from tests.test_priorities import (  # noqa: F401 - collected here, on this broker
+    test_a_crashed_workers_jobs_of_every_level_are_reclaimed,
+    test_a_delayed_job_comes_due_at_its_own_level,
+    test_a_failing_job_retries_and_succeeds_at_its_level,
+    test_a_retry_and_a_dlq_replay_come_back_at_their_own_level,
+    test_a_share_lets_lower_levels_run_under_a_steady_high_stream,
+    test_a_stopped_queue_drains_highest_level_first_fifo_within_a_level,
+    test_depth_sums_over_the_levels,
+    test_high_jobs_behind_a_low_backlog_start_before_any_further_low_one,
+    test_keep_alive_and_give_back_act_on_the_deliverys_level,
+    test_strict_priority_never_runs_a_lower_level_while_the_higher_waits,
+    test_the_task_default_and_an_enqueue_override,
+)
+
+from .conftest import URL, broker, drop_queue, new_queue
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class NatsBackend:
+    """What the shared priority tests ask of a backend, on one NATS queue (a 2 s ack
+    window: a crashed consumer's deliveries come back within the test)."""
+
+    kind = "nats"
+    is_redis = False
+    raw = None
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self.apps: list[aqw.App] = []
+
+    def broker(self, queue: str | None = None) -> NatsBroker:
+        return broker(queue or self.queue, ack_wait=2.0)
+
+    def app(self, queue: str | None = None, **options: Any) -> aqw.App:
+        app = aqw.App(self.broker(queue), **options)
+        self.apps.append(app)
+        return app
+
+    async def aclose(self) -> None:
+        for app in self.apps:
+            await app.close()
+
+
+@pytest.fixture
+async def backend() -> AsyncIterator[NatsBackend]:
+    queue = new_queue()
+    b = NatsBackend(queue)
+    try:
+        yield b
+    finally:
+        await b.aclose()
+        await drop_queue(queue)
+
+
+async def test_a_queue_without_priorities_keeps_its_subject_and_consumer(
+    backend: NatsBackend,
+) -> None:
+    b = backend.broker()
+    try:
+        await b.publish([Job(task="t", payload=n) for n in range(3)])
+        nc = await nats.connect(URL)
+        js = nc.jetstream()
+        try:
+            names = b.names
+            consumers = [c.name for c in await js.consumers_info(names.stream)]
+            assert consumers == [names.consumer]
+            info = await js.stream_info(names.stream, subjects_filter=">")
+            assert info.state.subjects == {names.subject: 3}
+            await b.publish([Job(task="t", payload="p", priority=3)])
+            consumers = [c.name for c in await js.consumers_info(names.stream)]
+            assert sorted(consumers) == [names.consumer, f"{names.consumer}-p3"]
+            info = await js.stream_info(names.stream, subjects_filter=">")
+            assert info.state.subjects == {names.subject: 3, f"{names.subject}.p3": 1}
+        finally:
+            await nc.close()
+    finally:
+        await b.close()
