@@ -15,11 +15,11 @@ from ...flow import Limits, completion_key
 from ...job import Job
 from ...lease import Lease, LeaseBackend
 from ..base import Broker
-from ..local.start import DeliveryCheck
-from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth, failure_fields
+from ..messages import DEPTH_KEEP, DeadJob, Delivery, Failure, Finish, QueueDepth, failure_fields
 from . import _dead
 from ._dead import DeadLetters
 from ._delayed import Delayed
+from ._history import KvDepthHistory
 from ._keys import Keys
 from ._layout import (
     TRANSIENT,
@@ -34,7 +34,7 @@ from ._layout import (
 from ._leases import KvLeaseBackend
 from ._levels import NatsLevels
 from ._records import MAX_AGE, KvJobRecords
-from ._start import NatsStart
+from ._start import NatsStart, still_ours
 from ._state import KvScheduleMarks, KvWorkerStatus
 from ._window import Held, Windows
 
@@ -65,6 +65,7 @@ class NatsBroker(Broker):
             records=self._records,
             status=KvWorkerStatus(self._state),
             marks=KvScheduleMarks(self._state),
+            history=KvDepthHistory(self.depth, self._depth_parts, Layout(queue)),
         )
         self.servers = list(servers)
         self.settings = settings or Settings()
@@ -78,6 +79,7 @@ class NatsBroker(Broker):
         self._keys: Keys | None = None
         self._state_kv: KeyValue | None = None
         self._records_kv: KeyValue | None = None
+        self._depth_kv: KeyValue | None = None
         self._dlq: DeadLetters | None = None
         self._delayed: Delayed | None = None
         self.levels: NatsLevels | None = None
@@ -93,6 +95,11 @@ class NatsBroker(Broker):
         await self.connect()
         assert self._records_kv is not None
         return self._records_kv
+
+    async def _depth_parts(self) -> tuple[JetStreamContext, KeyValue]:
+        await self.connect()
+        assert self._depth_kv is not None
+        return self._jet(), self._depth_kv
 
     def describe(self) -> str:
         hosts = ",".join(urlsplit(s).hostname or "?" for s in self.servers)
@@ -134,6 +141,7 @@ class NatsBroker(Broker):
         self._keys = Keys(await bucket(js, names.keys_bucket, settings.replicas))
         self._state_kv = await bucket(js, names.state_bucket, settings.replicas)
         self._records_kv = await bucket(js, names.records_bucket, settings.replicas, MAX_AGE)
+        self._depth_kv = await bucket(js, names.depth_bucket, settings.replicas, DEPTH_KEEP)
         self._dlq = DeadLetters(js, names)
         promoter = await js.pull_subscribe_bind(names.promoter, names.delayed_stream)
         self._delayed = Delayed(js, names, promoter)
@@ -243,22 +251,11 @@ class NatsBroker(Broker):
     def job_lease_backend(
         self, job: Job, limits: Limits | None = None, delivery: Delivery | None = None
     ) -> LeaseBackend:
-        check = self._still_ours(delivery)
+        check = still_ours(self._windows, self._drop, delivery)
         return NatsStart(self.lease_backend(), self._records, job, self.consumer, check)
 
-    def _still_ours(self, delivery: Delivery | None) -> DeliveryCheck | None:
-        """The start's check of its delivery: its window still open, by the confirmed end
-        this consumer keeps (no round trip: the lease keeper renews it from the start on);
-        an ended job's delivery is dropped with an ack naming no job."""
-        if delivery is None:
-            return None
-
-        async def check(drop: bool) -> bool:
-            if drop:
-                return await self.ack(delivery, None, None)
-            return self._windows.hold(delivery) is not None
-
-        return check
+    async def _drop(self, delivery: Delivery) -> bool:
+        return await self.ack(delivery, None, None)
 
     # -- settling -------------------------------------------------------------------------
 

@@ -13,7 +13,8 @@ One queue ``q`` is:
 - stream ``AQW_q_DLQ`` (``aqw.q.dead``, limits retention): dead letters, one message each;
 - buckets ``AQW_q_LEASES`` (job leases, locks: the revision is the fencing token),
   ``AQW_q_KEYS`` (idempotency keys and completion records), ``AQW_q_STATE`` (worker
-  heartbeats, schedule marks) and ``AQW_q_RECORDS`` (job records).
+  heartbeats, schedule marks, the priority levels in use), ``AQW_q_RECORDS`` (job records)
+  and ``AQW_q_DEPTH`` (the dashboard's depth samples, ``_history.py``).
 
 A stream per queue, not per app: a queue's retention, limits, replicas and removal are its
 own, a work-queue stream allows only non-overlapping consumers (one per queue here), and
@@ -129,6 +130,10 @@ class Layout:
     @property
     def state_bucket(self) -> str:
         return f"AQW_{self.queue}_STATE"
+
+    @property
+    def depth_bucket(self) -> str:
+        return f"AQW_{self.queue}_DEPTH"
 
     @property
     def records_bucket(self) -> str:

@@ -19,13 +19,33 @@ not one step; each race between them is settled by a revision (the module docstr
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 
 from ...errors import JobCancelled, StaleStart
 from ...job import Job
 from ...record import FINAL_STATES
 from ..local.start import DeliveryCheck
+from ..messages import Delivery
 from ._leases import KvLeaseBackend
 from ._records import KvJobRecords
+from ._window import Windows
+
+
+def still_ours(
+    windows: Windows, drop: Callable[[Delivery], Awaitable[bool]], delivery: Delivery | None
+) -> DeliveryCheck | None:
+    """The start's check of its delivery: its window still open, by the confirmed end
+    this consumer keeps (no round trip: the lease keeper renews it from the start on);
+    an ended job's delivery is dropped with ``drop`` (an ack naming no job)."""
+    if delivery is None:
+        return None
+
+    async def check(dropping: bool) -> bool:
+        if dropping:
+            return await drop(delivery)
+        return windows.hold(delivery) is not None
+
+    return check
 
 
 class NatsStart:

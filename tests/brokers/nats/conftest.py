@@ -41,6 +41,7 @@ async def drop_queue(queue: str, url: str = URL) -> None:
             names.keys_bucket,
             names.state_bucket,
             names.records_bucket,
+            names.depth_bucket,
         ):
             with contextlib.suppress(Exception):
                 await js.delete_key_value(kv)
