@@ -16,6 +16,7 @@ from ...job import Job
 from ...lease import Lease, LeaseBackend
 from ..base import Broker
 from ..messages import DEPTH_KEEP, DeadJob, Delivery, Failure, Finish, QueueDepth, failure_fields
+from ..parts import StartLimits
 from . import _dead
 from ._dead import DeadLetters
 from ._delayed import Delayed
@@ -33,6 +34,7 @@ from ._layout import (
 )
 from ._leases import KvLeaseBackend
 from ._levels import NatsLevels
+from ._limits import KvLimiter
 from ._records import MAX_AGE, KvJobRecords
 from ._start import NatsStart, still_ours
 from ._state import KvScheduleMarks, KvWorkerStatus
@@ -66,6 +68,7 @@ class NatsBroker(Broker):
             status=KvWorkerStatus(self._state),
             marks=KvScheduleMarks(self._state),
             history=KvDepthHistory(self.depth, self._depth_parts, Layout(queue)),
+            flow_limits=StartLimits(shared=True),
         )
         self.servers = list(servers)
         self.settings = settings or Settings()
@@ -80,6 +83,7 @@ class NatsBroker(Broker):
         self._state_kv: KeyValue | None = None
         self._records_kv: KeyValue | None = None
         self._depth_kv: KeyValue | None = None
+        self._limiter: KvLimiter | None = None
         self._dlq: DeadLetters | None = None
         self._delayed: Delayed | None = None
         self.levels: NatsLevels | None = None
@@ -140,6 +144,7 @@ class NatsBroker(Broker):
         self._leases = KvLeaseBackend(await bucket(js, names.leases_bucket, settings.replicas))
         self._keys = Keys(await bucket(js, names.keys_bucket, settings.replicas))
         self._state_kv = await bucket(js, names.state_bucket, settings.replicas)
+        self._limiter = KvLimiter(self._state_kv, self._leases)
         self._records_kv = await bucket(js, names.records_bucket, settings.replicas, MAX_AGE)
         self._depth_kv = await bucket(js, names.depth_bucket, settings.replicas, DEPTH_KEEP)
         self._dlq = DeadLetters(js, names)
@@ -251,11 +256,9 @@ class NatsBroker(Broker):
     def job_lease_backend(
         self, job: Job, limits: Limits | None = None, delivery: Delivery | None = None
     ) -> LeaseBackend:
-        check = still_ours(self._windows, self._drop, delivery)
-        return NatsStart(self.lease_backend(), self._records, job, self.consumer, check)
-
-    async def _drop(self, delivery: Delivery) -> bool:
-        return await self.ack(delivery, None, None)
+        check = still_ours(self._windows, lambda d: self.ack(d, None, None), delivery)
+        flow = (self._limiter, limits) if limits and self._limiter is not None else None
+        return NatsStart(self.lease_backend(), self._records, job, self.consumer, check, flow)
 
     # -- settling -------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """The broker contract (``aqw.testing.contract``) on the NATS JetStream broker against the
 real server: the transport with its window lease (AckWait, ``Traits.window_lease``), and the
-parts it has (records, status, marks and the depth history, kept in NATS)."""
+parts it has (records, status, marks, the depth history and the flow limits, kept in NATS)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 from aqw.brokers.base import Broker
 from aqw.testing.contract import (
     HistoryContract,
+    LimitsContract,
     MarksContract,
     RecordsContract,
     StatusContract,
@@ -55,4 +56,8 @@ class TestNatsMarks(MarksContract):
 
 
 class TestNatsHistory(HistoryContract):
+    pass
+
+
+class TestNatsLimits(LimitsContract):
     pass

@@ -5,14 +5,9 @@ subject and consumer until a level is used."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any
-
 import nats
 import pytest
 
-import aqw
-from aqw.brokers.nats import NatsBroker
 from aqw.job import Job
 from tests.test_priorities import (  # noqa: F401 - collected here, on this broker
     test_a_crashed_workers_jobs_of_every_level_are_reclaimed,
@@ -28,45 +23,9 @@ from tests.test_priorities import (  # noqa: F401 - collected here, on this brok
     test_the_task_default_and_an_enqueue_override,
 )
 
-from .conftest import URL, broker, drop_queue, new_queue
+from .conftest import URL, NatsBackend
 
 pytestmark = pytest.mark.timeout(60)
-
-
-class NatsBackend:
-    """What the shared priority tests ask of a backend, on one NATS queue (a 2 s ack
-    window: a crashed consumer's deliveries come back within the test)."""
-
-    kind = "nats"
-    is_redis = False
-    raw = None
-
-    def __init__(self, queue: str) -> None:
-        self.queue = queue
-        self.apps: list[aqw.App] = []
-
-    def broker(self, queue: str | None = None) -> NatsBroker:
-        return broker(queue or self.queue, ack_wait=2.0)
-
-    def app(self, queue: str | None = None, **options: Any) -> aqw.App:
-        app = aqw.App(self.broker(queue), **options)
-        self.apps.append(app)
-        return app
-
-    async def aclose(self) -> None:
-        for app in self.apps:
-            await app.close()
-
-
-@pytest.fixture
-async def backend() -> AsyncIterator[NatsBackend]:
-    queue = new_queue()
-    b = NatsBackend(queue)
-    try:
-        yield b
-    finally:
-        await b.aclose()
-        await drop_queue(queue)
 
 
 async def test_a_queue_without_priorities_keeps_its_subject_and_consumer(
