@@ -39,9 +39,7 @@ async def export(p: dict[str, str]) -> None:
 
 async def main() -> None:
     other = aqw.App(f"{URL}?queue={QUEUE}")  # a second worker, on its own connection
-    other.task(concurrency_key=lambda p: p["tenant"], max_per_key=1, name=export.name)(
-        export.fn
-    )
+    other.task(concurrency_key=lambda p: p["tenant"], max_per_key=1, name=export.name)(export.fn)
     try:
         await send.enqueue("newsletter")  # level 0
         await send.enqueue("receipt", priority=5)
