@@ -46,11 +46,13 @@ async def main() -> None:
         await send.enqueue("password reset", priority=9)
         await app.worker(concurrency=1, burst=True).run()
         print("ran:", ran)
+        assert ran == ["password reset", "receipt", "newsletter"], ran
 
         await export.enqueue_many([{"tenant": t} for t in "aabbb"])
         w1, w2 = app.worker(concurrency=4, burst=True), other.worker(concurrency=4, burst=True)
         await asyncio.gather(w1.run(), w2.run())
         print("most exports of one tenant at once:", most)
+        assert most == {"a": 1, "b": 1}, most
         print("put off by the cap:", w1.stats.deferred + w2.stats.deferred > 0)
     finally:
         await other.close()
