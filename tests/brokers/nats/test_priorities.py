@@ -5,9 +5,15 @@ subject and consumer until a level is used."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+
 import nats
 import pytest
 
+from aqw.brokers.nats._layout import TRANSIENT
 from aqw.job import Job
 from tests.test_priorities import (  # noqa: F401 - collected here, on this broker
     test_a_crashed_workers_jobs_of_every_level_are_reclaimed,
@@ -23,7 +29,7 @@ from tests.test_priorities import (  # noqa: F401 - collected here, on this brok
     test_the_task_default_and_an_enqueue_override,
 )
 
-from .conftest import URL, NatsBackend
+from .conftest import URL, NatsBackend, Server, broker, new_queue
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -51,3 +57,40 @@ async def test_a_queue_without_priorities_keeps_its_subject_and_consumer(
             await nc.close()
     finally:
         await b.close()
+
+
+async def test_a_level_announced_after_a_server_restart_is_still_seen(
+    private_server: Server,
+) -> None:
+    """The watch of the levels outlives a restart of the server: a worker connected before
+    it reads a level a producer first uses after it."""
+    queue = new_queue()
+    worker = broker(queue, private_server.url, ack_wait=2.0)
+    await worker.connect()
+    private_server.kill()
+    private_server.start()
+    producer = broker(queue, private_server.url, ack_wait=2.0)
+    try:
+        await eventually_ok(lambda: producer.publish([Job(task="t", payload="p", priority=4)]))
+        got: list[int] = []
+        deadline = time.monotonic() + 30
+        while not got and time.monotonic() < deadline:
+            with contextlib.suppress(*TRANSIENT):
+                got = [d.level for d in await worker.fetch(1, 0.2)]
+        assert got == [4]
+    finally:
+        await producer.close()
+        await worker.close()
+
+
+async def eventually_ok(step: Callable[[], Awaitable[None]]) -> None:
+    """``step`` run until it does not raise a transient error (the server is back)."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            await step()
+            return
+        except TRANSIENT:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
