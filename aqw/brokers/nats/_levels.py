@@ -10,8 +10,9 @@ puts the key ``levels.N`` in the queue's state bucket. Every connected broker wa
 a new level as soon as it is announced, without a scan and without a round trip per fetch:
 a queue that never uses levels pays one subscription per connection, nothing per job.
 
-A fetch reads the levels highest first, each without waiting (a short pull), and
-when every level is empty waits on the highest level in slices of ``SLICE`` seconds,
+A fetch reads the stream's message count per subject (one round trip), then the levels
+that hold messages highest first, each without waiting (a short pull), and when every
+level is empty waits on the highest level in slices of ``SLICE`` seconds,
 re-reading the others between slices: a job of a lower level waits at most one slice when
 the queue is idle. The priority share starts about that fraction of the fetches from the
 lowest level with jobs waiting (``ShareCredit``)."""
@@ -175,10 +176,13 @@ class NatsLevels:
         self, base: JetStreamContext.PullSubscription, count: int, share: float
     ) -> list[Delivery]:
         """What the levels hold now, highest first (a share turn: the lowest with jobs
-        first), each looked at without waiting."""
+        first), each looked at without waiting; only the levels whose subject holds
+        messages (one read of the stream's subject counts: an empty level costs no pull)."""
+        held = await self._held_subjects()
         order: list[tuple[int, JetStreamContext.PullSubscription]] = [
-            *((lv, self._subs[lv]) for lv in self.active),
-            (0, base),
+            (lv, sub)
+            for lv, sub in (*((lv, self._subs[lv]) for lv in self.active), (0, base))
+            if held.get(self._names.subject_for(lv), 0) > 0
         ]
         got: list[Delivery] = []
         if self._credit.turn(share):
@@ -192,6 +196,12 @@ class NatsLevels:
                 break
             got += await self._pull(sub, level, count - len(got), PEEK)
         return got
+
+    async def _held_subjects(self) -> dict[str, int]:
+        """Messages per subject of the queue's stream (those in flight count too: a
+        work-queue stream keeps a message until its ack)."""
+        info = await self._js.stream_info(self._names.stream, subjects_filter=">")
+        return dict(info.state.subjects or {})
 
     async def fetch(
         self, base: JetStreamContext.PullSubscription, count: int, block: float, share: float
