@@ -54,7 +54,7 @@ async def main() -> None:
         js = nc.jetstream()
         for stream in ("", "_DELAYED", "_DLQ"):
             await js.delete_stream(f"AQW_{QUEUE}{stream}")
-        for bucket in ("LEASES", "KEYS", "STATE", "RECORDS"):
+        for bucket in ("LEASES", "KEYS", "STATE", "RECORDS", "DEPTH"):
             await js.delete_key_value(f"AQW_{QUEUE}_{bucket}")
         await nc.close()
 

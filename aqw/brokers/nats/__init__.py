@@ -26,8 +26,11 @@ How aqw's model maps onto JetStream (``docs/brokers/nats.md`` for the whole stor
 - **Idempotency keys and completion records** in the ``AQW_q_KEYS`` bucket (``_keys.py``).
 - **Job records** in the ``AQW_q_RECORDS`` bucket (``_records.py``), worker heartbeats and
   schedule marks in ``AQW_q_STATE`` (``_state.py``): shared by every process. The start step
-  is ``_start.py``. No depth history, debounce or flow limits (refused in one line).
-- One priority level: a job with a priority is refused at enqueue, in one line.
+  is ``_start.py``; rate limits and per-key caps, by compare-and-set in ``AQW_q_STATE``, are
+  ``_limits.py``. The dashboard's depth samples are ``AQW_q_DEPTH`` (``_history.py``). No
+  debounce (refused in one line).
+- Priority levels 0-9: a subject and a consumer per level, announced in ``AQW_q_STATE``
+  and watched (``_levels.py``).
 """
 
 from __future__ import annotations

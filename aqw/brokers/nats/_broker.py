@@ -11,16 +11,16 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from ...errors import ConfigError
 from ...flow import Limits, completion_key
 from ...job import Job
 from ...lease import Lease, LeaseBackend
 from ..base import Broker
-from ..local.start import DeliveryCheck
-from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth, failure_fields
+from ..messages import DEPTH_KEEP, DeadJob, Delivery, Failure, Finish, QueueDepth, failure_fields
+from ..parts import StartLimits
 from . import _dead
 from ._dead import DeadLetters
 from ._delayed import Delayed
+from ._history import KvDepthHistory
 from ._keys import Keys
 from ._layout import (
     TRANSIENT,
@@ -33,10 +33,12 @@ from ._layout import (
     warn_durability,
 )
 from ._leases import KvLeaseBackend
+from ._levels import NatsLevels
+from ._limits import KvLimiter
 from ._records import MAX_AGE, KvJobRecords
-from ._start import NatsStart
+from ._start import NatsStart, still_ours
 from ._state import KvScheduleMarks, KvWorkerStatus
-from ._window import Held, Windows, pull
+from ._window import Held, Windows
 
 #: The AckWait of a queue whose workers said nothing longer (seconds).
 DEFAULT_ACK_WAIT = 30.0
@@ -65,6 +67,8 @@ class NatsBroker(Broker):
             records=self._records,
             status=KvWorkerStatus(self._state),
             marks=KvScheduleMarks(self._state),
+            history=KvDepthHistory(self.depth, self._depth_parts, Layout(queue)),
+            flow_limits=StartLimits(shared=True),
         )
         self.servers = list(servers)
         self.settings = settings or Settings()
@@ -78,8 +82,11 @@ class NatsBroker(Broker):
         self._keys: Keys | None = None
         self._state_kv: KeyValue | None = None
         self._records_kv: KeyValue | None = None
+        self._depth_kv: KeyValue | None = None
+        self._limiter: KvLimiter | None = None
         self._dlq: DeadLetters | None = None
         self._delayed: Delayed | None = None
+        self.levels: NatsLevels | None = None
         self._counts: dict[str, int] = {}
         self._connecting = asyncio.Lock()
 
@@ -92,6 +99,11 @@ class NatsBroker(Broker):
         await self.connect()
         assert self._records_kv is not None
         return self._records_kv
+
+    async def _depth_parts(self) -> tuple[JetStreamContext, KeyValue]:
+        await self.connect()
+        assert self._depth_kv is not None
+        return self._jet(), self._depth_kv
 
     def describe(self) -> str:
         hosts = ",".join(urlsplit(s).hostname or "?" for s in self.servers)
@@ -111,6 +123,8 @@ class NatsBroker(Broker):
         if js is not None and self.settings.ack_wait is None and want > self._windows.ack_wait:
             args = (names.stream, names.consumer, names.subject, want, False)
             self._windows.set_ack_wait(await ensure_consumer(js, *args, self.settings.max_deliver))
+            if self.levels is not None:
+                await self.levels.raise_ack_wait(self._windows.ack_wait)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -130,16 +144,24 @@ class NatsBroker(Broker):
         self._leases = KvLeaseBackend(await bucket(js, names.leases_bucket, settings.replicas))
         self._keys = Keys(await bucket(js, names.keys_bucket, settings.replicas))
         self._state_kv = await bucket(js, names.state_bucket, settings.replicas)
+        self._limiter = KvLimiter(self._state_kv, self._leases)
         self._records_kv = await bucket(js, names.records_bucket, settings.replicas, MAX_AGE)
+        self._depth_kv = await bucket(js, names.depth_bucket, settings.replicas, DEPTH_KEEP)
         self._dlq = DeadLetters(js, names)
         promoter = await js.pull_subscribe_bind(names.promoter, names.delayed_stream)
         self._delayed = Delayed(js, names, promoter)
+        levels = NatsLevels(js, self._state_kv, names, self._windows, settings.max_deliver)
+        levels.exact = settings.ack_wait is not None
+        await levels.start()
+        self.levels = levels
         self._sub = await js.pull_subscribe_bind(names.consumer, names.stream)
         self._nc, self._js = nc, js
         warn_durability(nc, replicas, _warned)
 
     async def close(self) -> None:
         nc, self._nc, self._sub = self._nc, None, None
+        if self.levels is not None:
+            await self.levels.stop()
         if nc is not None:
             await nc.close()
 
@@ -154,22 +176,25 @@ class NatsBroker(Broker):
         await self._jet().publish(subject, data, stream=stream, headers=headers or None)
 
     async def publish(self, jobs: Sequence[Job]) -> None:
-        await self.connect()
-        for job in jobs:
-            if job.priority:
-                raise ConfigError(
-                    f"priority={job.priority}: a nats:// queue has one level (use a queue per "
-                    "level: docs/brokers/nats.md)"
-                )
+        await self._announce(jobs)
         names = self.names
         await asyncio.gather(*(self._records.enqueued(j) for j in jobs))
-        await asyncio.gather(*(self._send(names.subject, names.stream, j.encode()) for j in jobs))
+        await asyncio.gather(
+            *(self._send(names.subject_for(j.priority), names.stream, j.encode()) for j in jobs)
+        )
+
+    async def _announce(self, jobs: Sequence[Job]) -> None:
+        """Connected, and the consumers of the priority levels of ``jobs`` made."""
+        await self.connect()
+        if any(j.priority for j in jobs):
+            assert self.levels is not None
+            await self.levels.announce(j.priority for j in jobs)
 
     async def schedule(self, jobs: Sequence[Job], run_at: float) -> None:
         if run_at <= time.time():
             await self.publish(jobs)
             return
-        await self.connect()
+        await self._announce(jobs)
         assert self._delayed is not None
         await asyncio.gather(*(self._records.enqueued(j, run_at) for j in jobs))
         await self._delayed.add([j.encode() for j in jobs], run_at)
@@ -204,15 +229,8 @@ class NatsBroker(Broker):
 
     async def fetch(self, count: int, block: float, share: float = 0.0) -> list[Delivery]:
         await self.connect()
-        assert self._sub is not None
-        sent = time.monotonic()
-        wait = max(block, 0.01)
-        try:
-            msgs = await pull(self._sub, count, block)
-        except asyncio.CancelledError:
-            self._windows.cancelled(sent, wait)
-            raise
-        return self._windows.received(msgs, sent)
+        assert self._sub is not None and self.levels is not None
+        return await self.levels.fetch(self._sub, count, block, share)
 
     async def keep_alive(self, delivery: Delivery) -> bool:
         held = self._windows.hold(delivery)
@@ -238,22 +256,9 @@ class NatsBroker(Broker):
     def job_lease_backend(
         self, job: Job, limits: Limits | None = None, delivery: Delivery | None = None
     ) -> LeaseBackend:
-        check = self._still_ours(delivery)
-        return NatsStart(self.lease_backend(), self._records, job, self.consumer, check)
-
-    def _still_ours(self, delivery: Delivery | None) -> DeliveryCheck | None:
-        """The start's check of its delivery: its window still open, by the confirmed end
-        this consumer keeps (no round trip: the lease keeper renews it from the start on);
-        an ended job's delivery is dropped with an ack naming no job."""
-        if delivery is None:
-            return None
-
-        async def check(drop: bool) -> bool:
-            if drop:
-                return await self.ack(delivery, None, None)
-            return self._windows.hold(delivery) is not None
-
-        return check
+        check = still_ours(self._windows, lambda d: self.ack(d, None, None), delivery)
+        flow = (self._limiter, limits) if limits and self._limiter is not None else None
+        return NatsStart(self.lease_backend(), self._records, job, self.consumer, check, flow)
 
     # -- settling -------------------------------------------------------------------------
 
@@ -311,7 +316,8 @@ class NatsBroker(Broker):
             return False
         names, once = self.names, f"retry.{delivery.id}"
         if run_at <= time.time():
-            await self._send(names.subject, names.stream, job.encode(), **{"Nats-Msg-Id": once})
+            subject = names.subject_for(job.priority)
+            await self._send(subject, names.stream, job.encode(), **{"Nats-Msg-Id": once})
         else:
             assert self._delayed is not None
             await self._delayed.add([job.encode()], run_at, once)
@@ -363,16 +369,9 @@ class NatsBroker(Broker):
 
     async def depth(self) -> QueueDepth:
         await self.connect()
-        js, names = self._jet(), self.names
-        assert self._dlq is not None
-        assert self._delayed is not None
-        consumer = await js.consumer_info(names.stream, names.consumer)
-        return QueueDepth(
-            int(consumer.num_pending or 0),
-            int(consumer.num_ack_pending or 0),
-            await self._delayed.count(),
-            await self._dlq.count(),
-        )
+        assert self._dlq is not None and self._delayed is not None and self.levels is not None
+        waiting, in_flight = await self.levels.counts()
+        return QueueDepth(waiting, in_flight, await self._delayed.count(), await self._dlq.count())
 
     async def stats(self) -> dict[str, int]:
         return dict(self._counts)
@@ -389,7 +388,9 @@ class NatsBroker(Broker):
         return await (await self._dead()).get(entry_id)
 
     async def dlq_replay(self, entries: Sequence[tuple[str, Job]]) -> int:
-        done = await (await self._dead()).replay(entries)
+        dead = await self._dead()
+        await self._announce([job for _, job in entries])
+        done = await dead.replay(entries)
         for job in done:
             await self._records.replayed(job)
         return len(done)

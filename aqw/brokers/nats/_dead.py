@@ -92,7 +92,7 @@ class DeadLetters:
         try:
             msg = await self._js.get_msg(self._names.dlq_stream, seq)
         except APIError as exc:
-            if not _missing(exc):
+            if not missing(exc):
                 raise
             return None
         return decode(entry_id, msg.data or b"")
@@ -106,7 +106,7 @@ class DeadLetters:
                     self._names.dlq_stream, seq, subject=self._names.dlq_subject, next=True
                 )
             except APIError as exc:
-                if not _missing(exc):
+                if not missing(exc):
                     raise
                 break
             if msg.seq is None:
@@ -124,7 +124,7 @@ class DeadLetters:
             try:
                 n += bool(await self._js.delete_msg(self._names.dlq_stream, seq))
             except APIError as exc:
-                if not _missing(exc):
+                if not missing(exc):
                     raise
         return n
 
@@ -137,7 +137,7 @@ class DeadLetters:
             if seq is None or await self.get(entry_id) is None:
                 continue
             await self._js.publish(
-                self._names.subject,
+                self._names.subject_for(job.priority),
                 job.encode(),
                 stream=self._names.stream,
                 headers={"Nats-Msg-Id": f"replay.{seq}"},
@@ -151,7 +151,7 @@ class DeadLetters:
 NO_MESSAGE = (10037, 10057)
 
 
-def _missing(exc: APIError) -> bool:
+def missing(exc: APIError) -> bool:
     return exc.code == 404 or exc.err_code in NO_MESSAGE
 
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
+from ..local.priorities import level_of
 from ._layout import Layout
 
 #: The header of a delayed job's due time.
@@ -60,9 +61,9 @@ class Delayed:
                 heapq.heappush(self._dues, due)
                 continue
             seq = msg.metadata.sequence.stream
-            await self._js.publish(
-                names.subject, msg.data, stream=names.stream, headers={"Nats-Msg-Id": f"due.{seq}"}
-            )
+            subject = names.subject_for(level_of(msg.data))  # the job's own level
+            headers = {"Nats-Msg-Id": f"due.{seq}"}
+            await self._js.publish(subject, msg.data, stream=names.stream, headers=headers)
             await msg.ack_sync(timeout=reply_timeout)
         while self._dues and self._dues[0] <= now:
             heapq.heappop(self._dues)

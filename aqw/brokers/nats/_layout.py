@@ -6,13 +6,15 @@ One queue ``q`` is:
 
 - stream ``AQW_q`` (work-queue retention, file store) on subject ``aqw.q.jobs``, with the
   durable pull consumer ``aqw`` every worker of the queue shares (explicit acks, ``AckWait``
-  the lease window);
+  the lease window); a priority level N > 0 has subject ``aqw.q.jobs.pN`` in the same
+  stream and its own consumer ``aqw-pN``, made when a producer first uses it (``_levels.py``);
 - stream ``AQW_q_DELAYED`` (``aqw.q.delayed``): scheduled jobs and retries until their time,
   moved by ``promote_due`` through its own durable consumer ``promoter``;
 - stream ``AQW_q_DLQ`` (``aqw.q.dead``, limits retention): dead letters, one message each;
 - buckets ``AQW_q_LEASES`` (job leases, locks: the revision is the fencing token),
   ``AQW_q_KEYS`` (idempotency keys and completion records), ``AQW_q_STATE`` (worker
-  heartbeats, schedule marks) and ``AQW_q_RECORDS`` (job records).
+  heartbeats, schedule marks, the priority levels in use), ``AQW_q_RECORDS`` (job records)
+  and ``AQW_q_DEPTH`` (the dashboard's depth samples, ``_history.py``).
 
 A stream per queue, not per app: a queue's retention, limits, replicas and removal are its
 own, a work-queue stream allows only non-overlapping consumers (one per queue here), and
@@ -93,6 +95,14 @@ class Layout:
     def subject(self) -> str:
         return f"aqw.{self.queue}.jobs"
 
+    def subject_for(self, level: int) -> str:
+        """The subject of priority level ``level``: level 0 is ``subject``."""
+        return f"aqw.{self.queue}.jobs.p{level}" if level else self.subject
+
+    def consumer_for(self, level: int) -> str:
+        """The durable consumer of priority level ``level``: level 0 is ``consumer``."""
+        return f"{self.consumer}-p{level}" if level else self.consumer
+
     @property
     def delayed_stream(self) -> str:
         return f"AQW_{self.queue}_DELAYED"
@@ -122,6 +132,10 @@ class Layout:
         return f"AQW_{self.queue}_STATE"
 
     @property
+    def depth_bucket(self) -> str:
+        return f"AQW_{self.queue}_DEPTH"
+
+    @property
     def records_bucket(self) -> str:
         return f"AQW_{self.queue}_RECORDS"
 
@@ -141,11 +155,19 @@ class Settings:
 
 
 async def _stream(js: JetStreamContext, config: StreamConfig) -> None:
+    """The stream, created when missing; one that exists gets the subjects it lacks (a queue
+    made before priority levels gains their subjects), its other settings kept."""
     assert config.name is not None
     try:
-        await js.stream_info(config.name)
+        info = await js.stream_info(config.name)
     except NotFoundError:
         await js.add_stream(config)
+        return
+    have = list(info.config.subjects or [])
+    missing = [s for s in config.subjects or [] if s not in have]
+    if missing:
+        info.config.subjects = have + missing
+        await js.update_stream(info.config)
 
 
 async def ensure_streams(js: JetStreamContext, names: Layout, settings: Settings) -> None:
@@ -157,7 +179,7 @@ async def ensure_streams(js: JetStreamContext, names: Layout, settings: Settings
         js,
         StreamConfig(
             name=names.stream,
-            subjects=[names.subject],
+            subjects=[names.subject, f"{names.subject}.*"],
             retention=work,
             storage=file,
             num_replicas=r,

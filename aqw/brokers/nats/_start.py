@@ -7,7 +7,9 @@ only for a live delivery. In order, each refusal taking nothing:
    (``JobCancelled``) nor ended (``StaleStart`` with ``ended``; the delivery, still ours,
    is dropped unrun);
 3. the job's lease key is taken (``KvLeaseBackend``: its revision is the fencing token), or
-   None when another holder has it;
+   None when another holder has it; under a task's limits, a slot of each cap and a turn of
+   its rate are taken next (``_limits.py``), a refusal releasing the lease
+   (``aqw.RateLimited``);
 4. the record is read and marked running by compare-and-set (``KvJobRecords.started``): a
    cancel or an end written by any process is seen there, refused as in step 2, and the
    lease just taken is released (the token it took is handed to nobody).
@@ -19,20 +21,42 @@ not one step; each race between them is settled by a revision (the module docstr
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 
 from ...errors import JobCancelled, StaleStart
+from ...flow import Limits
 from ...job import Job
 from ...record import FINAL_STATES
 from ..local.start import DeliveryCheck
+from ..messages import Delivery
 from ._leases import KvLeaseBackend
+from ._limits import KvLimiter
 from ._records import KvJobRecords
+from ._window import Windows
+
+
+def still_ours(
+    windows: Windows, drop: Callable[[Delivery], Awaitable[bool]], delivery: Delivery | None
+) -> DeliveryCheck | None:
+    """The start's check of its delivery: its window still open, by the confirmed end
+    this consumer keeps (no round trip: the lease keeper renews it from the start on);
+    an ended job's delivery is dropped with ``drop`` (an ack naming no job)."""
+    if delivery is None:
+        return None
+
+    async def check(dropping: bool) -> bool:
+        if dropping:
+            return await drop(delivery)
+        return windows.hold(delivery) is not None
+
+    return check
 
 
 class NatsStart:
     """A job's lease backend whose ``acquire`` is the start step (module docstring) and
     whose ``renew`` moves the record's lease expiry on."""
 
-    __slots__ = ("_delivery", "_fence", "_job", "_leases", "_records", "_worker")
+    __slots__ = ("_delivery", "_fence", "_flow", "_job", "_leases", "_records", "_worker")
 
     def __init__(
         self,
@@ -41,8 +65,10 @@ class NatsStart:
         job: Job,
         worker: str,
         delivery: DeliveryCheck | None,
+        limits: tuple[KvLimiter, Limits] | None = None,
     ) -> None:
         self._leases = leases
+        self._flow = limits
         self._records = records
         self._job = job
         self._worker = worker
@@ -64,6 +90,11 @@ class NatsStart:
         fence = await self._leases.acquire(key, token, ttl_ms)
         if fence is None:
             return None
+        if self._flow is not None:
+            refused = await self._flow[0].refusal(self._flow[1], key, token)
+            if refused is not None:
+                await self._leases.release(key, token)  # which frees the slots taken
+                raise refused
         try:
             expires = time.time() + ttl_ms / 1000
             await self._records.started(self._job, self._worker, fence, expires)

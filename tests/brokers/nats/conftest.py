@@ -17,6 +17,7 @@ from typing import Any
 import nats
 import pytest
 
+import aqw
 from aqw.brokers.nats import NatsBroker, Settings
 from aqw.brokers.nats._layout import Layout
 
@@ -41,6 +42,7 @@ async def drop_queue(queue: str, url: str = URL) -> None:
             names.keys_bucket,
             names.state_bucket,
             names.records_bucket,
+            names.depth_bucket,
         ):
             with contextlib.suppress(Exception):
                 await js.delete_key_value(kv)
@@ -57,6 +59,42 @@ async def nats_queue() -> AsyncIterator[str]:
 
 def broker(queue: str, url: str = URL, **settings: Any) -> NatsBroker:
     return NatsBroker(queue, [url], Settings(**settings))
+
+
+class NatsBackend:
+    """What the shared tests (priorities, rate limits, caps) ask of a backend, on one NATS
+    queue (a 2 s ack window: a crashed consumer's deliveries come back within the test)."""
+
+    kind = "nats"
+    is_redis = False
+    raw = None
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self.apps: list[aqw.App] = []
+
+    def broker(self, queue: str | None = None) -> NatsBroker:
+        return broker(queue or self.queue, ack_wait=2.0)
+
+    def app(self, queue: str | None = None, **options: Any) -> aqw.App:
+        app = aqw.App(self.broker(queue), **options)
+        self.apps.append(app)
+        return app
+
+    async def aclose(self) -> None:
+        for app in self.apps:
+            await app.close()
+
+
+@pytest.fixture
+async def backend() -> AsyncIterator[NatsBackend]:
+    queue = new_queue()
+    b = NatsBackend(queue)
+    try:
+        yield b
+    finally:
+        await b.aclose()
+        await drop_queue(queue)
 
 
 def free_port() -> int:

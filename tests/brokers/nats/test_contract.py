@@ -1,6 +1,6 @@
 """The broker contract (``aqw.testing.contract``) on the NATS JetStream broker against the
 real server: the transport with its window lease (AckWait, ``Traits.window_lease``), and the
-parts it has (kept in the process: records, status and marks say ``shared = False``)."""
+parts it has (records, status, marks, the depth history and the flow limits, kept in NATS)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import pytest
 
 from aqw.brokers.base import Broker
 from aqw.testing.contract import (
+    HistoryContract,
+    LimitsContract,
     MarksContract,
     RecordsContract,
     StatusContract,
@@ -50,4 +52,12 @@ class TestNatsStatus(StatusContract):
 
 
 class TestNatsMarks(MarksContract):
+    pass
+
+
+class TestNatsHistory(HistoryContract):
+    pass
+
+
+class TestNatsLimits(LimitsContract):
     pass

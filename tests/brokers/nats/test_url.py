@@ -42,9 +42,10 @@ def test_partitions_are_refused() -> None:
         from_url("nats://h", partitions=2)
 
 
-async def test_a_priority_is_refused_at_enqueue(nats_queue: str) -> None:
+async def test_a_priority_is_taken_at_enqueue_and_read_at_its_level(nats_queue: str) -> None:
     b = from_url(f"{URL}?queue={nats_queue}")
-    with pytest.raises(aqw.ConfigError, match=r"priority=5: a nats:// queue has one level"):
-        await b.publish([Job(task="t", priority=5)])
-    assert (await b.depth()).waiting == 0
+    await b.publish([Job(task="t", priority=0), Job(task="t", priority=5)])
+    assert (await b.depth()).waiting == 2
+    got = await b.fetch(2, 0.5)
+    assert [d.level for d in got] == [5, 0]
     await b.close()
