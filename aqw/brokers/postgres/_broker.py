@@ -3,13 +3,15 @@
 Rows of ``aqw_jobs`` claimed ``FOR UPDATE SKIP LOCKED``; NOTIFY wakes blocking fetches;
 leases are rows of ``aqw_leases`` with fencing tokens from a sequence; the start checks,
 lease acquires and acks made meanwhile go out batched (``_batch.py``); other settles are one
-transaction that checks the holder first. Marks and heartbeats are shared tables; job
-records live in this process (``shared = False``).
+transaction that checks the holder first. Job records (``_records.py``), marks and
+heartbeats are shared tables; each step writes the job's record in its own statement or
+transaction.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -20,19 +22,21 @@ import asyncpg
 from ...flow import Limits
 from ...job import Job
 from ...lease import Lease, LeaseBackend
+from ...record import UNFINISHED_KEEP
 from ..base import Broker
-from ..local import LocalJobRecords, LocalStartGuard
 from ..local.start import DeliveryCheck
-from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth
+from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth, failure_fields
 from ._batch import Batcher, shard
 from ._connection import Connection, channel_of
 from ._dead import DeadLetters
 from ._leases import PgLeases, PoolOf
 from ._parts import PgScheduleMarks, PgWorkerStatus
+from ._records import PgJobRecords, PgStartGuard, enqueued, new_record
 from ._sql import statement
 
-#: An ack: row id, lease key, lease token, completion key, job id, completion expiry.
-AckArgs = tuple[int, str, str, str | None, str, float]
+#: An ack: row id, lease key, lease token, completion key, job id, completion expiry, the
+#: record's end (JSON; '': none), its expiry, what a missing record starts with (JSON).
+AckArgs = tuple[int, str, str, str | None, str, float, str, float, str]
 #: A settle's own writes, given its transaction's connection and the locked held row.
 Step = Callable[[Any, Any], Awaitable[Any]]
 
@@ -53,8 +57,8 @@ class PostgresBroker(Broker):
     )
 
     def __init__(self, conn: Connection, queue: str) -> None:
-        self._records = LocalJobRecords(queue)
         pool = PoolOf(self)
+        self._records = PgJobRecords(pool, conn, conn.schema, queue)
         super().__init__(
             queue,
             records=self._records,
@@ -99,22 +103,23 @@ class PostgresBroker(Broker):
 
     # -- producing -------------------------------------------------------------------------
 
+    def _publish_args(self, jobs: Sequence[Job], run_at: float) -> tuple[Any, ...]:
+        """``publish.sql``'s arguments: the rows and their records."""
+        now = time.time()
+        recs = [enqueued(j, run_at or None, now) for j in jobs]
+        wires, levels = [j.encode() for j in jobs], [j.priority for j in jobs]
+        ids, fields, until = [j.id for j in jobs], [r[0] for r in recs], [r[1] for r in recs]
+        return self.queue, wires, levels, run_at, self._channel, ids, fields, until
+
     async def _insert(self, jobs: Sequence[Job], run_at: float) -> None:
         await self.connect()
-        wires = [j.encode() for j in jobs]
-        levels = [j.priority for j in jobs]
-        sql = statement("publish", self._s)
-        await self.pool.execute(sql, self.queue, wires, levels, run_at, self._channel)
+        await self.pool.execute(statement("publish", self._s), *self._publish_args(jobs, run_at))
 
     async def publish(self, jobs: Sequence[Job]) -> None:
         await self._insert(jobs, 0.0)
-        for job in jobs:
-            self._records.enqueued(job)
 
     async def schedule(self, jobs: Sequence[Job], run_at: float) -> None:
         await self._insert(jobs, run_at)
-        for job in jobs:
-            self._records.enqueued(job, run_at)
 
     async def publish_unique(self, job: Job, ttl: float, run_at: float | None) -> tuple[str, bool]:
         assert job.key is not None
@@ -129,11 +134,7 @@ class PostgresBroker(Broker):
             await c.execute(
                 statement("key_put", s), self.queue, "key", job.key, job.id, now + ttl, now
             )
-            sql = statement("publish", s)
-            await c.execute(
-                sql, self.queue, [job.encode()], [job.priority], run_at or 0.0, self._channel
-            )
-        self._records.enqueued(job, run_at)
+            await c.execute(statement("publish", s), *self._publish_args([job], run_at or 0.0))
         return job.id, False
 
     async def is_completed(self, job: Job) -> bool:
@@ -175,6 +176,7 @@ class PostgresBroker(Broker):
             return None
         now = time.time()
         due = await self.pool.fetchval(statement("next_due", self._s), self.queue, now)
+        await self._records.sweep()
         return None if due is None else max(0.0, due - now)
 
     async def keep_alive(self, delivery: Delivery) -> bool:
@@ -230,7 +232,8 @@ class PostgresBroker(Broker):
         self, job: Job, limits: Limits | None = None, delivery: Delivery | None = None
     ) -> LeaseBackend:
         check = None if delivery is None else self._still_ours(delivery)
-        return LocalStartGuard(self.lease_backend(), self._records, job, self.consumer, check)
+        backend, pool = self.lease_backend(), PoolOf(self)
+        return PgStartGuard(backend, self._records, pool, self._s, job, self.consumer, check)
 
     def _still_ours(self, delivery: Delivery) -> DeliveryCheck:
         """The start's check: a read (batched, nothing to commit) of whether the row is still
@@ -276,8 +279,13 @@ class PostgresBroker(Broker):
         finish: Finish,
         record_ttl: float,
     ) -> bool:
-        """Batched with the acks made meanwhile into one statement (``ack_many.sql``)."""
+        """Batched with the acks made meanwhile into one statement (``ack_many.sql``), which
+        writes each job's record end too."""
         done = job is not None and job.key is not None and record_ttl > 0
+        now = time.time()
+        end = ""
+        if job is not None:
+            end = json.dumps({**finish.fields(self.consumer, now), "state": finish.state})
         return await self._acks.submit(
             (
                 int(delivery.id),
@@ -285,21 +293,37 @@ class PostgresBroker(Broker):
                 lease.token if lease is not None else "",
                 job.key if done and job is not None else None,
                 job.id if job is not None else "",
-                time.time() + record_ttl,
+                now + record_ttl,
+                end,
+                now + finish.keep_for,
+                new_record(job) if job is not None else "",
             )
         )
 
     async def _ack_many(self, acks: Sequence[AckArgs]) -> list[bool]:
         cols = list(zip(*acks, strict=True))
         sql = statement("ack_many", self._s)
-        rows = await self.pool.fetch(sql, *cols, self.consumer, self.queue, shard())
+        rows = await self.pool.fetch(
+            sql, *cols[:6], self.consumer, self.queue, shard(), *cols[6:], self._records.channel
+        )
         gone = {r["id"] for r in rows}
         return [a[0] in gone for a in acks]
 
     async def _move(
-        self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None, stat: str | None
+        self,
+        delivery: Delivery,
+        job: Job,
+        run_at: float,
+        lease: Lease | None,
+        stat: str | None,
+        fields: dict[str, str],
     ) -> bool:
+        """Put the job back due at ``run_at``; its record takes ``fields`` (and ``run_at``)."""
+        fields = {**fields, "run_at": repr(run_at), "attempts": str(job.attempt - 1)}
+        until = UNFINISHED_KEEP + max(run_at, time.time())
+
         async def step(c: Any, row: Any) -> bool:
+            await self._records.put(c, job, fields, until)
             sql = (
                 f'UPDATE "{self._s}".aqw_jobs SET job = $2, priority = $3, run_at = $4, '
                 "consumer = NULL, held_at = NULL WHERE id = $1"
@@ -320,17 +344,22 @@ class PostgresBroker(Broker):
         lease: Lease | None,
         failure: Failure | None,
     ) -> bool:
-        return await self._move(delivery, job, run_at, lease, "retried")
+        why = failure_fields(failure) if failure is not None else {}
+        return await self._move(
+            delivery, job, run_at, lease, "retried", {**why, "state": "retrying"}
+        )
 
     async def _defer(
         self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None
     ) -> bool:
-        return await self._move(delivery, job, run_at, lease, None)
+        return await self._move(delivery, job, run_at, lease, None, {"state": "delayed"})
 
     async def _give_back(self, delivery: Delivery, lease: Lease | None, job: Job | None) -> bool:
         async def step(c: Any, row: Any) -> bool:
             sql = f'UPDATE "{self._s}".aqw_jobs SET consumer = NULL, held_at = NULL WHERE id = $1'
             await c.execute(sql, int(delivery.id))
+            if job is not None:
+                await self._records.given_back(c, job.id)
             await c.execute("SELECT pg_notify($1, '')", self._channel)
             return True
 
@@ -362,6 +391,10 @@ class PostgresBroker(Broker):
                 failure.worker,
             )
             await c.execute(statement("bump", self._s), self.queue, "dead", shard())
+            if job is not None:
+                end = Finish(failure=failure).fields(failure.worker or self.consumer, time.time())
+                end.update(state="dead", dlq_entry=str(entry))
+                await self._records.ended(c, job, end, keep_for)
             return str(entry)
 
         entry: str | None = await self._settle(delivery, lease, step)
@@ -390,10 +423,7 @@ class PostgresBroker(Broker):
         return await self._dead.get(entry_id)
 
     async def dlq_replay(self, entries: Sequence[tuple[str, Job]]) -> int:
-        replayed = await self._dead.replay(entries)
-        for job in replayed:
-            self._records.replayed(job)
-        return len(replayed)
+        return len(await self._dead.replay(entries))
 
     async def dlq_delete(self, entry_ids: Sequence[str]) -> int:
         return await self._dead.delete(entry_ids)
