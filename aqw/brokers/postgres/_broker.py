@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -22,7 +22,6 @@ import asyncpg
 from ...flow import Limits
 from ...job import Job
 from ...lease import Lease, LeaseBackend
-from ...record import UNFINISHED_KEEP
 from ..base import Broker
 from ..local.start import DeliveryCheck
 from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth, failure_fields
@@ -32,13 +31,12 @@ from ._dead import DeadLetters
 from ._leases import PgLeases, PoolOf
 from ._parts import PgScheduleMarks, PgWorkerStatus
 from ._records import PgJobRecords, PgStartGuard, enqueued, new_record
+from ._settle import Settles
 from ._sql import statement
 
 #: An ack: row id, lease key, lease token, completion key, job id, completion expiry, the
 #: record's end (JSON; '': none), its expiry, what a missing record starts with (JSON).
 AckArgs = tuple[int, str, str, str | None, str, float, str, float, str]
-#: A settle's own writes, given its transaction's connection and the locked held row.
-Step = Callable[[Any, Any], Awaitable[Any]]
 
 
 class PostgresBroker(Broker):
@@ -73,6 +71,7 @@ class PostgresBroker(Broker):
         self._acks: Batcher[AckArgs, bool] = Batcher(self._ack_many)
         self._checks: Batcher[int, bool] = Batcher(self._held)
         self._dead = DeadLetters(PoolOf(self), self._s, queue, self._channel)
+        self._steps = Settles(self, self._records)
 
     def describe(self) -> str:
         at = urlsplit(self._conn.dsn)
@@ -253,24 +252,6 @@ class PostgresBroker(Broker):
 
     # -- settling --------------------------------------------------------------------------
 
-    async def _settle(self, delivery: Delivery, lease: Lease | None, step: Step) -> Any:
-        """Run ``step(conn, row)`` in one transaction, when the held row is still ours."""
-        s = self._s
-        async with self.pool.acquire() as c, c.transaction():
-            row = await c.fetchrow(statement("take", s), int(delivery.id))
-            if row is None:
-                return None
-            owner = None
-            if lease is not None:
-                owner = await c.fetchval(statement("lease_owner", s), lease.key)
-                if owner is not None and owner != lease.token:
-                    return None
-            if owner is None and row["consumer"] != self.consumer:
-                return None
-            if owner is not None:
-                await c.execute(f'DELETE FROM "{s}".aqw_leases WHERE key = $1', lease.key)  # type: ignore[union-attr]
-            return await step(c, row)
-
     async def _ack(
         self,
         delivery: Delivery,
@@ -309,33 +290,6 @@ class PostgresBroker(Broker):
         gone = {r["id"] for r in rows}
         return [a[0] in gone for a in acks]
 
-    async def _move(
-        self,
-        delivery: Delivery,
-        job: Job,
-        run_at: float,
-        lease: Lease | None,
-        stat: str | None,
-        fields: dict[str, str],
-    ) -> bool:
-        """Put the job back due at ``run_at``; its record takes ``fields`` (and ``run_at``)."""
-        fields = {**fields, "run_at": repr(run_at), "attempts": str(job.attempt - 1)}
-        until = UNFINISHED_KEEP + max(run_at, time.time())
-
-        async def step(c: Any, row: Any) -> bool:
-            await self._records.put(c, job, fields, until)
-            sql = (
-                f'UPDATE "{self._s}".aqw_jobs SET job = $2, priority = $3, run_at = $4, '
-                "consumer = NULL, held_at = NULL WHERE id = $1"
-            )
-            await c.execute(sql, int(delivery.id), job.encode(), job.priority, run_at)
-            if stat is not None:
-                await c.execute(statement("bump", self._s), self.queue, stat, shard())
-            await c.execute("SELECT pg_notify($1, '')", self._channel)
-            return True
-
-        return bool(await self._settle(delivery, lease, step))
-
     async def _retry(
         self,
         delivery: Delivery,
@@ -345,25 +299,16 @@ class PostgresBroker(Broker):
         failure: Failure | None,
     ) -> bool:
         why = failure_fields(failure) if failure is not None else {}
-        return await self._move(
-            delivery, job, run_at, lease, "retried", {**why, "state": "retrying"}
-        )
+        fields = {**why, "state": "retrying"}
+        return await self._steps.move(delivery, job, run_at, lease, "retried", fields)
 
     async def _defer(
         self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None
     ) -> bool:
-        return await self._move(delivery, job, run_at, lease, None, {"state": "delayed"})
+        return await self._steps.move(delivery, job, run_at, lease, None, {"state": "delayed"})
 
     async def _give_back(self, delivery: Delivery, lease: Lease | None, job: Job | None) -> bool:
-        async def step(c: Any, row: Any) -> bool:
-            sql = f'UPDATE "{self._s}".aqw_jobs SET consumer = NULL, held_at = NULL WHERE id = $1'
-            await c.execute(sql, int(delivery.id))
-            if job is not None:
-                await self._records.given_back(c, job.id)
-            await c.execute("SELECT pg_notify($1, '')", self._channel)
-            return True
-
-        return bool(await self._settle(delivery, lease, step))
+        return await self._steps.give_back(delivery, lease, job)
 
     async def _dead_letter(
         self,
@@ -374,31 +319,7 @@ class PostgresBroker(Broker):
         lease: Lease | None,
         keep_for: float,
     ) -> str | None:
-        async def step(c: Any, row: Any) -> str:
-            await c.execute(f'DELETE FROM "{self._s}".aqw_jobs WHERE id = $1', int(delivery.id))
-            entry = await c.fetchval(
-                statement("dead_insert", self._s),
-                self.queue,
-                delivery.data,
-                job.task if job else "",
-                job.id if job else "",
-                failure.error_type,
-                failure.error,
-                failure.traceback,
-                attempts,
-                failure.first_failed_at or failure.failed_at,
-                failure.failed_at,
-                failure.worker,
-            )
-            await c.execute(statement("bump", self._s), self.queue, "dead", shard())
-            if job is not None:
-                end = Finish(failure=failure).fields(failure.worker or self.consumer, time.time())
-                end.update(state="dead", dlq_entry=str(entry))
-                await self._records.ended(c, job, end, keep_for)
-            return str(entry)
-
-        entry: str | None = await self._settle(delivery, lease, step)
-        return entry
+        return await self._steps.dead_letter(delivery, job, failure, attempts, lease, keep_for)
 
     # -- inspection ------------------------------------------------------------------------
 

@@ -74,7 +74,10 @@ class PgJobRecords:
 
     def __init__(self, pool: Any, conn: Connection, schema: str, queue: str) -> None:
         self._pool, self._conn, self._s, self.queue = pool, conn, schema, queue
+        self.schema = schema
+        #: Where job ends are notified; ``jobs_channel``: where the queue's rows are.
         self.channel = records_channel(schema, queue)
+        self.jobs_channel = channel_of(schema, queue)
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
         self._listening = False
 
