@@ -148,7 +148,7 @@ class JobPath:
             renewed, lost = tel.lease_counters(job.task)
             lease.on_renewed(renewed)
             lease.on_lost(lost)
-        run = RunningJob(job, lease, jt, Context(job, lease, self.host))
+        run = RunningJob(job, lease, jt, Context(job, lease, self.host, delivery))
         error: BaseException | None = None
         try:
             try:

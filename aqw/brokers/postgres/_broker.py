@@ -14,6 +14,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -261,7 +262,10 @@ class PostgresBroker(Broker):
         record_ttl: float,
     ) -> bool:
         """Batched with the acks made meanwhile into one statement (``ack_many.sql``), which
-        writes each job's record end too."""
+        writes each job's record end too; a job acked in its handler's transaction is done."""
+        if self._steps.done and delivery.id in self._steps.done:
+            self._steps.done.discard(delivery.id)
+            return True
         done = job is not None and job.key is not None and record_ttl > 0
         now = time.time()
         end = ""
@@ -289,6 +293,11 @@ class PostgresBroker(Broker):
         )
         gone = {r["id"] for r in rows}
         return [a[0] in gone for a in acks]
+
+    def settle_in_transaction(
+        self, delivery: Delivery, job: Job, lease: Lease, record_ttl: float, keep_for: float
+    ) -> AbstractAsyncContextManager[Any]:
+        return self._steps.transaction(delivery, job, lease, record_ttl, keep_for)
 
     async def _retry(
         self,

@@ -1,13 +1,16 @@
 """The settles of a PostgreSQL queue other than the batched ack: each one transaction that
 locks the held row, checks its holder (the lease's token, or without a live lease this
-consumer) and only then moves the job and writes its record (``Settles``)."""
+consumer) and only then moves the job and writes its record (``Settles``); and the ack made
+in the handler's own transaction (``ctx.transaction()``, ``Settles.transaction``)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
+from ...errors import LeaseLost
 from ...job import Job
 from ...lease import Lease
 from ...record import UNFINISHED_KEEP
@@ -38,6 +41,9 @@ class Settles:
         self._records = records
         self._s = records.schema
         self._channel = records.jobs_channel
+        #: Deliveries acked in a handler's transaction: the worker's own ack after the
+        #: handler returns finds them settled already.
+        self.done: set[str] = set()
 
     async def settle(self, delivery: Delivery, lease: Lease | None, step: Step) -> Any:
         """Run ``step(conn, row)`` in one transaction, when the held row is still ours."""
@@ -62,6 +68,33 @@ class Settles:
         if lease is not None and owner is not None:
             await c.execute(f'DELETE FROM "{s}".aqw_leases WHERE key = $1', lease.key)
         return await step(c, row)
+
+    @asynccontextmanager
+    async def transaction(
+        self, delivery: Delivery, job: Job, lease: Lease, record_ttl: float, keep_for: float
+    ) -> AsyncIterator[Any]:
+        """A connection in a transaction for the handler's writes; at the block's clean end
+        the fenced ack runs in it (the held row's lease must still hold ``lease.token``),
+        then it commits. Refused: ``LeaseLost`` and everything rolls back."""
+        s, queue = self._s, self._b.queue
+
+        async def step(c: Any, row: Any) -> bool:
+            await c.execute(f'DELETE FROM "{s}".aqw_jobs WHERE id = $1', int(delivery.id))
+            await c.execute(statement("bump", s), queue, "processed", shard())
+            now = time.time()
+            if job.key is not None and record_ttl > 0:
+                put = statement("key_put", s)
+                await c.execute(put, queue, "done", job.key, job.id, now + record_ttl, now)
+            end = {**Finish(keep_for=keep_for).fields(self._b.consumer, now), "state": "succeeded"}
+            await self._records.ended(c, job, end, keep_for)
+            return True
+
+        async with self._b.pool.acquire() as c:
+            async with c.transaction():
+                yield c
+                if not await self.held(c, delivery, lease, step):
+                    raise LeaseLost(lease.key, "another holder has the job: its writes roll back")
+            self.done.add(delivery.id)
 
     async def move(
         self,
