@@ -232,8 +232,7 @@ class PostgresBroker(Broker):
         self, job: Job, limits: Limits | None = None, delivery: Delivery | None = None
     ) -> LeaseBackend:
         check = None if delivery is None else self._still_ours(delivery)
-        backend, pool = self.lease_backend(), PoolOf(self)
-        return PgStartGuard(backend, self._records, pool, self._s, job, self.consumer, check)
+        return PgStartGuard(self.lease_backend(), self._records, job, self.consumer, check)
 
     def _still_ours(self, delivery: Delivery) -> DeliveryCheck:
         """The start's check: a read (batched, nothing to commit) of whether the row is still

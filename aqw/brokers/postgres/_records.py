@@ -16,7 +16,7 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...errors import JobCancelled, StaleStart, UnknownJob
@@ -26,6 +26,7 @@ from ...record import DEFAULT_KEEP_FOR, FINAL_STATES, UNFINISHED_KEEP, JobInfo, 
 from ..local.records import RUNNING_FIELDS, running_state
 from ..local.start import DeliveryCheck
 from ..messages import CancelOutcome
+from ._batch import Batcher
 from ._connection import Connection, channel_of
 from ._sql import statement
 
@@ -35,6 +36,11 @@ SWEEP_BATCH = 1000
 #: Seconds a waiter waits for a notification before it reads the record again (and reopens
 #: a listener the server cut): a safety net, not the way an end is heard.
 REREAD_EVERY = 30.0
+
+
+#: A start: job id, lease key, token, ttl in ms, what a missing record starts with (JSON),
+#: the running record's fields but the fencing token (JSON).
+Start = tuple[str, str, str, int, str, str]
 
 
 def records_channel(schema: str, queue: str) -> str:
@@ -80,6 +86,23 @@ class PgJobRecords:
         self.jobs_channel = channel_of(schema, queue)
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
         self._listening = False
+        #: The starts made while one is on its way go out together (``start_many.sql``).
+        self.starts: Batcher[Start, tuple[str, int | None]] = Batcher(self._start_many)
+
+    async def _start_many(self, calls: Sequence[Start]) -> list[tuple[str, int | None]]:
+        keys = [c[1] for c in calls]
+        if len(set(keys)) < len(keys):  # one statement may not write a lease twice
+            return [(await self._start_many([c]))[0] for c in calls]
+        cols = list(zip(*calls, strict=True))
+        until = time.time() + UNFINISHED_KEEP
+        sql = statement("start_many", self._s)
+        rows = await self._pool.fetch(sql, self.queue, *cols, until)
+        by_id = {r["job_id"]: r for r in rows}
+        out: list[tuple[str, int | None]] = []
+        for c in calls:
+            r = by_id[c[0]]
+            out.append((r["status"], None if r["fence"] is None else int(r["fence"])))
+        return out
 
     # -- the steps' writes (in the step's transaction ``c``) ---------------------------------
 
@@ -208,24 +231,23 @@ class PgJobRecords:
 
 
 class PgStartGuard:
-    """A job's lease backend whose ``acquire`` is its start step: in one transaction it
-    locks the job's record, refuses a cancelled job (``JobCancelled``) or an ended one
-    (``StaleStart``, its delivery dropped), takes the lease and marks the record running;
+    """A job's lease backend whose ``acquire`` is its start step: in one statement
+    (``start_many.sql``, batched with the starts made meanwhile) it locks the job's record,
+    refuses a cancelled job (``JobCancelled``) or an ended one (``StaleStart``, its delivery
+    dropped), takes the lease and marks the record running with its fencing token;
     ``renew`` moves the record's lease expiry on (under the same fencing token)."""
 
-    __slots__ = ("_backend", "_delivery", "_fence", "_job", "_pool", "_records", "_s", "_worker")
+    __slots__ = ("_backend", "_delivery", "_fence", "_job", "_records", "_worker")
 
     def __init__(
         self,
         backend: LeaseBackend,
         records: PgJobRecords,
-        pool: Any,
-        schema: str,
         job: Job,
         worker: str,
         delivery: DeliveryCheck | None,
     ) -> None:
-        self._backend, self._records, self._pool, self._s = backend, records, pool, schema
+        self._backend, self._records = backend, records
         self._job, self._worker, self._delivery = job, worker, delivery
         self._fence: int | None = None
 
@@ -233,35 +255,26 @@ class PgStartGuard:
         job, mine, now = self._job, self._delivery, time.time()
         if mine is not None and not await mine(False):
             raise StaleStart(job.id)
-        records = self._records
-        async with self._pool.acquire() as c, c.transaction():
-            row = await c.fetchrow(statement("record_lock", self._s), records.queue, job.id, now)
-            fields = {} if row is None else _fields(row["fields"])
-            if fields.get("state") == "cancelled" or fields.get("cancel") == "1":
-                raise JobCancelled(job.id)
-            ended = fields.get("state") in FINAL_STATES
-            fence = None
-            if not ended:
-                fence = await c.fetchval(statement("lease_acquire", self._s), key, token, ttl_ms)
-            if fence is not None:
-                running = {
-                    "state": "running",
-                    "attempts": str(job.attempt),
-                    "started_at": repr(now),
-                    "worker": self._worker,
-                    "fencing_token": str(fence),
-                    "lease_expires_at": repr(now + ttl_ms / 1000),
-                    "progress": "",
-                    "message": "",
-                    "run_at": "",
-                }
-                await records.put(c, job, running, now + UNFINISHED_KEEP)
-        if ended:
+        running = {
+            "state": "running",
+            "attempts": str(job.attempt),
+            "started_at": repr(now),
+            "worker": self._worker,
+            "lease_expires_at": repr(now + ttl_ms / 1000),
+            "progress": "",
+            "message": "",
+            "run_at": "",
+        }
+        start = (job.id, key, token, ttl_ms, new_record(job), json.dumps(running))
+        status, fence = await self._records.starts.submit(start)
+        if status == "cancelled":
+            raise JobCancelled(job.id)
+        if status == "ended":
             if mine is not None:
                 await mine(True)
             raise StaleStart(job.id, ended=True)
-        self._fence = None if fence is None else int(fence)
-        return self._fence
+        self._fence = fence
+        return fence
 
     async def renew(self, key: str, token: str, ttl_ms: int) -> bool:
         renewed = await self._backend.renew(key, token, ttl_ms)
