@@ -176,7 +176,7 @@ class PostgresBroker(Broker):
             return None
         now = time.time()
         due = await self.pool.fetchval(statement("next_due", self._s), self.queue, now)
-        await self._records.sweep()
+        await self._records.maybe_sweep()
         return None if due is None else max(0.0, due - now)
 
     async def keep_alive(self, delivery: Delivery) -> bool:

@@ -33,6 +33,9 @@ from ._sql import statement
 #: Records deleted per statement of the expiry sweep.
 SWEEP_BATCH = 1000
 
+#: Seconds between two expiry sweeps of a broker (sooner while a sweep fills its batch).
+SWEEP_EVERY = 5.0
+
 #: Seconds a waiter waits for a notification before it reads the record again (and reopens
 #: a listener the server cut): a safety net, not the way an end is heard.
 REREAD_EVERY = 30.0
@@ -86,6 +89,7 @@ class PgJobRecords:
         self.jobs_channel = channel_of(schema, queue)
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
         self._listening = False
+        self._swept = 0.0  # time.monotonic() of the last sweep
         #: The starts made while one is on its way go out together (``start_many.sql``).
         self.starts: Batcher[Start, tuple[str, int | None]] = Batcher(self._start_many)
 
@@ -118,6 +122,13 @@ class PgJobRecords:
     async def given_back(self, c: Any, job_id: str) -> None:
         sql = statement("record_given_back", self._s)
         await c.execute(sql, self.queue, job_id, time.time() + UNFINISHED_KEEP)
+
+    async def maybe_sweep(self) -> None:
+        """A sweep, when ``SWEEP_EVERY`` has passed since the last (or it filled its batch)."""
+        now = time.monotonic()
+        if now - self._swept >= SWEEP_EVERY:
+            full = await self.sweep() >= SWEEP_BATCH
+            self._swept = 0.0 if full else now
 
     async def sweep(self) -> int:
         """Delete one batch of records past their time; how many went."""
