@@ -127,20 +127,27 @@ async def test_a_cancel_from_another_broker_refuses_the_start_and_stops_a_runnin
 async def test_finished_records_expire_in_batches(where: tuple[str, str]) -> None:
     producer, worker = broker(where, "p"), broker(where, "w")
     try:
-        jobs = [Job(task="work", payload=str(i).encode()) for i in range(5)]
+        jobs = [Job(task="work", payload=str(i).encode()) for i in range(10)]
         await producer.publish(jobs)
-        for _ in jobs:
+        short = set()
+        for i in range(10):
             d, got = await take(worker)
-            assert await worker.ack(d, got, None, 0.0, Finish(keep_for=0.2))
-        assert all([await producer.records.record(j.id) for j in jobs])
-        await asyncio.sleep(0.3)
-        assert [await producer.records.record(j.id) for j in jobs] == [None] * 5
+            keep = 0.01 if i % 2 else 3600.0
+            if i % 2:
+                short.add(got.id)
+            assert await worker.ack(d, got, None, 0.0, Finish(keep_for=keep))
+        await asyncio.sleep(0.1)
+        kept = [j.id for j in jobs if j.id not in short]
+        assert [await producer.records.record(i) for i in short] == [None] * 5
+        assert all([await producer.records.record(i) for i in kept])
         conn = await asyncpg.connect(where[0])
         try:
             count = f'SELECT count(*) FROM "{where[1]}".aqw_records'
-            assert await conn.fetchval(count) == 5  # past their time, not yet swept
+            assert await conn.fetchval(count) == 10  # past their time, not yet swept
             assert await producer.records.sweep() == 5
-            assert await conn.fetchval(count) == 0
+            assert await conn.fetchval(count) == 5
+            left = await conn.fetch(f'SELECT job_id FROM "{where[1]}".aqw_records')
+            assert {r["job_id"] for r in left} == set(kept)
         finally:
             await conn.close()
     finally:
