@@ -134,3 +134,27 @@ async def test_a_stale_holders_transaction_rolls_back(where: tuple[str, str]) ->
     finally:
         await a.close()
         await other.close()
+
+
+async def test_a_raise_after_the_block_committed_leaves_the_job_succeeded(
+    where: tuple[str, str],
+) -> None:
+    dsn, schema = where
+    app = aqw.App(f"{dsn}?schema={schema}&queue=q", retry=aqw.RetryPolicy(max_retries=2))
+    runs: list[int] = []
+
+    @app.task(name="late")
+    async def late(n: int, ctx: aqw.Context) -> None:
+        runs.append(n)
+        async with ctx.transaction() as conn:
+            await conn.execute(f'INSERT INTO "{schema}".orders VALUES ($1, 0)', n)
+        raise ValueError("after the commit")
+
+    job_id = await late.enqueue(7)
+    async with app.worker(concurrency=2) as worker:
+        await eventually(lambda: runs == [7] and worker.in_flight == 0, 30, "settled")
+    info = await app.job(job_id)
+    assert info is not None and (info.state, info.attempts) == ("succeeded", 1)
+    assert runs == [7] and await rows(where, "orders") == 1
+    assert await rows(where, "aqw_jobs") == 0 and await app.dlq.list() == []
+    await app.close()

@@ -47,6 +47,9 @@ class Settles:
 
     async def settle(self, delivery: Delivery, lease: Lease | None, step: Step) -> Any:
         """Run ``step(conn, row)`` in one transaction, when the held row is still ours."""
+        if self.done and delivery.id in self.done:  # acked in its handler's transaction:
+            self.done.discard(delivery.id)  # nothing is left to move (the job succeeded)
+            return None
         async with self._b.pool.acquire() as c, c.transaction():
             return await self.held(c, delivery, lease, step)
 
