@@ -58,6 +58,7 @@ class ContextHost(Protocol):
         self, ctx: Context, fraction: float, message: str, detail: str | None = None
     ) -> None: ...
     def resource_lock(self, name: str, *, ttl: float, wait: float | None) -> Lease: ...
+    def settle_transaction(self, ctx: Context) -> AbstractAsyncContextManager[Any]: ...
 
 
 class Context:
@@ -71,12 +72,25 @@ class Context:
             ``job_id``, ``task`` and ``attempt`` as ``extra`` fields.
     """
 
-    __slots__ = ("_cancelled", "_log", "_on_cancel", "_state", "job", "lease", "worker")
+    __slots__ = (
+        "_cancelled",
+        "_log",
+        "_on_cancel",
+        "_state",
+        "delivery",
+        "job",
+        "lease",
+        "worker",
+    )
 
-    def __init__(self, job: Job, lease: Lease | None, worker: ContextHost) -> None:
+    def __init__(
+        self, job: Job, lease: Lease | None, worker: ContextHost, delivery: Any = None
+    ) -> None:
         self.job = job
         self.lease = lease
         self.worker = worker
+        #: The broker's delivery of this attempt (what ``transaction`` settles).
+        self.delivery = delivery
         self._state: dict[str, Any] | None = None
         self._log: JobLog | None = None
         self._cancelled = False
@@ -190,3 +204,11 @@ class Context:
         ``async with conn.transaction(), ctx.effect(conn) as first_time:`` (write only when
         ``first_time``). Fenced by the job lease; see ``aqw.idempotency``."""
         return context_effect(self, conn, store, key=key)
+
+    def transaction(self) -> AbstractAsyncContextManager[Any]:
+        """``async with ctx.transaction() as conn:`` a connection to the broker's database
+        whose transaction also acks this job when the block ends cleanly: the handler's
+        writes and the ack commit together or not at all. The ack checks the job lease's
+        token: a holder whose lease another worker took rolls back (``aqw.LeaseLost``).
+        PostgreSQL broker only (``docs/brokers/postgresql.md``)."""
+        return self.worker.settle_transaction(self)

@@ -19,6 +19,8 @@ from __future__ import annotations
 import abc
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 from .._ids import new_job_id
 from ..errors import ConfigError
@@ -401,6 +403,18 @@ class Broker(abc.ABC):
         if self._book is not None:
             self._book.deferred(job, run_at)
         return True
+
+    def settle_in_transaction(
+        self, delivery: Delivery, job: Job, lease: Lease, record_ttl: float, keep_for: float
+    ) -> AbstractAsyncContextManager[Any]:
+        """``ctx.transaction()``: a connection to the broker's own database whose transaction,
+        at the block's clean end, also acks the job (succeeded, kept ``keep_for``), fenced by
+        ``lease``: the handler's writes and the ack commit together or not at all. A broker
+        with no such database refuses it in one line (this default)."""
+        raise ConfigError(
+            f"ctx.transaction() needs a broker whose jobs live in your database (PostgreSQL); "
+            f"the {self.system} broker has none"
+        )
 
     # The steps under the methods above: each one atomic step on the broker that releases
     # the job's lease with it, refused (False, or None for ``_dead_letter``), touching

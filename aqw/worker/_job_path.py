@@ -151,7 +151,7 @@ class JobPath:
             lease.on_lost(lost)
             if BATCH_INFO_HEADER in job.headers:  # a batch's callback: its batch's metrics
                 record_batch(tel, job)
-        run = RunningJob(job, lease, jt, Context(job, lease, self.host))
+        run = RunningJob(job, lease, jt, Context(job, lease, self.host, delivery))
         error: BaseException | None = None
         try:
             try:

@@ -7,7 +7,8 @@ process, is refused with one line naming the task, the feature, the part and the
 - periodic tasks (``schedule=``) need schedule marks shared across processes (a new leader
   resumes where the last one stopped);
 - ``rate_limit`` and ``max_per_key`` need the start step to enforce them, across every
-  worker of the queue.
+  worker of the queue; an adaptive ``rate_limit`` (``aqw.Adaptive``) needs limits changed at
+  run time (the ``run_limits`` part).
 
 A broker whose whole queue lives in the process (``Broker.in_process``: the memory broker)
 is allowed everything it has: its parts are as shared as its queue.
@@ -67,3 +68,9 @@ def check_limits(broker: Broker, tasks: Mapping[str, Task[Any]]) -> None:
             if not limits.shared and not broker.in_process:
                 needs = f"task {name!r}: {option} needs"
                 raise _local(broker, "flow_limits", needs, "use redis://")
+        if task.options.flow.floor is not None and broker.run_limits is None:
+            raise ConfigError(
+                f"task {name!r}: an adaptive rate_limit (aqw.Adaptive) needs limits changed at "
+                f"run time, stored with the queue, and the {broker.system} broker keeps none: "
+                "give a fixed rate_limit, or use redis:// or memory://"
+            )

@@ -13,6 +13,7 @@ import logging
 import signal
 import time
 from collections.abc import Awaitable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from .._ids import consumer_name
@@ -375,16 +376,17 @@ class Worker:
         """Record a running job's progress and publish its state (and stream it) at once."""
         await self.running.report_progress(ctx.job.id, fraction, message, detail)
 
+    def settle_transaction(self, ctx: Context) -> AbstractAsyncContextManager[Any]:
+        """``ctx.transaction()``: the broker's transaction that also acks ``ctx``'s job."""
+        if ctx.delivery is None or ctx.lease is None:
+            raise ConfigError("ctx.transaction(): this job runs with no delivery to settle")
+        keep_for = self.app.tasks[ctx.job.task].options.keep_for
+        ttl = self.settler.record_ttl
+        return self.broker.settle_in_transaction(ctx.delivery, ctx.job, ctx.lease, ttl, keep_for)
+
     def resource_lock(self, name: str, *, ttl: float, wait: float | None) -> Lease:
         """A lease on a named resource of this queue, renewed by this worker's keeper;
         its acquisitions are traced and its contention counted."""
         key = self.broker.lock_key(name)
-        return ResourceLock(
-            self.tel,
-            name,
-            self.broker.lease_backend(),
-            key,
-            ttl=ttl,
-            wait=wait,
-            keeper=self.keeper,
-        )
+        backend = self.broker.lease_backend()
+        return ResourceLock(self.tel, name, backend, key, ttl=ttl, wait=wait, keeper=self.keeper)

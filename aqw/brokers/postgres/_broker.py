@@ -3,15 +3,18 @@
 Rows of ``aqw_jobs`` claimed ``FOR UPDATE SKIP LOCKED``; NOTIFY wakes blocking fetches;
 leases are rows of ``aqw_leases`` with fencing tokens from a sequence; the start checks,
 lease acquires and acks made meanwhile go out batched (``_batch.py``); other settles are one
-transaction that checks the holder first. Marks and heartbeats are shared tables; job
-records live in this process (``shared = False``).
+transaction that checks the holder first. Job records (``_records.py``), marks and
+heartbeats are shared tables; each step writes the job's record in its own statement or
+transaction.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -21,20 +24,20 @@ from ...flow import Limits
 from ...job import Job
 from ...lease import Lease, LeaseBackend
 from ..base import Broker
-from ..local import LocalJobRecords, LocalStartGuard
 from ..local.start import DeliveryCheck
-from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth
+from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth, failure_fields
 from ._batch import Batcher, shard
 from ._connection import Connection, channel_of
 from ._dead import DeadLetters
 from ._leases import PgLeases, PoolOf
 from ._parts import PgScheduleMarks, PgWorkerStatus
+from ._records import PgJobRecords, PgStartGuard, enqueued, new_record
+from ._settle import Settles
 from ._sql import statement
 
-#: An ack: row id, lease key, lease token, completion key, job id, completion expiry.
-AckArgs = tuple[int, str, str, str | None, str, float]
-#: A settle's own writes, given its transaction's connection and the locked held row.
-Step = Callable[[Any, Any], Awaitable[Any]]
+#: An ack: row id, lease key, lease token, completion key, job id, completion expiry, the
+#: record's end (JSON; '': none), its expiry, what a missing record starts with (JSON).
+AckArgs = tuple[int, str, str, str | None, str, float, str, float, str]
 
 
 class PostgresBroker(Broker):
@@ -53,8 +56,8 @@ class PostgresBroker(Broker):
     )
 
     def __init__(self, conn: Connection, queue: str) -> None:
-        self._records = LocalJobRecords(queue)
         pool = PoolOf(self)
+        self._records = PgJobRecords(pool, conn, conn.schema, queue)
         super().__init__(
             queue,
             records=self._records,
@@ -69,6 +72,7 @@ class PostgresBroker(Broker):
         self._acks: Batcher[AckArgs, bool] = Batcher(self._ack_many)
         self._checks: Batcher[int, bool] = Batcher(self._held)
         self._dead = DeadLetters(PoolOf(self), self._s, queue, self._channel)
+        self._steps = Settles(self, self._records)
 
     def describe(self) -> str:
         at = urlsplit(self._conn.dsn)
@@ -99,22 +103,23 @@ class PostgresBroker(Broker):
 
     # -- producing -------------------------------------------------------------------------
 
+    def _publish_args(self, jobs: Sequence[Job], run_at: float) -> tuple[Any, ...]:
+        """``publish.sql``'s arguments: the rows and their records."""
+        now = time.time()
+        recs = [enqueued(j, run_at or None, now) for j in jobs]
+        wires, levels = [j.encode() for j in jobs], [j.priority for j in jobs]
+        ids, fields, until = [j.id for j in jobs], [r[0] for r in recs], [r[1] for r in recs]
+        return self.queue, wires, levels, run_at, self._channel, ids, fields, until
+
     async def _insert(self, jobs: Sequence[Job], run_at: float) -> None:
         await self.connect()
-        wires = [j.encode() for j in jobs]
-        levels = [j.priority for j in jobs]
-        sql = statement("publish", self._s)
-        await self.pool.execute(sql, self.queue, wires, levels, run_at, self._channel)
+        await self.pool.execute(statement("publish", self._s), *self._publish_args(jobs, run_at))
 
     async def publish(self, jobs: Sequence[Job]) -> None:
         await self._insert(jobs, 0.0)
-        for job in jobs:
-            self._records.enqueued(job)
 
     async def schedule(self, jobs: Sequence[Job], run_at: float) -> None:
         await self._insert(jobs, run_at)
-        for job in jobs:
-            self._records.enqueued(job, run_at)
 
     async def publish_unique(self, job: Job, ttl: float, run_at: float | None) -> tuple[str, bool]:
         assert job.key is not None
@@ -129,11 +134,7 @@ class PostgresBroker(Broker):
             await c.execute(
                 statement("key_put", s), self.queue, "key", job.key, job.id, now + ttl, now
             )
-            sql = statement("publish", s)
-            await c.execute(
-                sql, self.queue, [job.encode()], [job.priority], run_at or 0.0, self._channel
-            )
-        self._records.enqueued(job, run_at)
+            await c.execute(statement("publish", s), *self._publish_args([job], run_at or 0.0))
         return job.id, False
 
     async def is_completed(self, job: Job) -> bool:
@@ -175,6 +176,7 @@ class PostgresBroker(Broker):
             return None
         now = time.time()
         due = await self.pool.fetchval(statement("next_due", self._s), self.queue, now)
+        await self._records.maybe_sweep()
         return None if due is None else max(0.0, due - now)
 
     async def keep_alive(self, delivery: Delivery) -> bool:
@@ -230,7 +232,7 @@ class PostgresBroker(Broker):
         self, job: Job, limits: Limits | None = None, delivery: Delivery | None = None
     ) -> LeaseBackend:
         check = None if delivery is None else self._still_ours(delivery)
-        return LocalStartGuard(self.lease_backend(), self._records, job, self.consumer, check)
+        return PgStartGuard(self.lease_backend(), self._records, job, self.consumer, check)
 
     def _still_ours(self, delivery: Delivery) -> DeliveryCheck:
         """The start's check: a read (batched, nothing to commit) of whether the row is still
@@ -250,24 +252,6 @@ class PostgresBroker(Broker):
 
     # -- settling --------------------------------------------------------------------------
 
-    async def _settle(self, delivery: Delivery, lease: Lease | None, step: Step) -> Any:
-        """Run ``step(conn, row)`` in one transaction, when the held row is still ours."""
-        s = self._s
-        async with self.pool.acquire() as c, c.transaction():
-            row = await c.fetchrow(statement("take", s), int(delivery.id))
-            if row is None:
-                return None
-            owner = None
-            if lease is not None:
-                owner = await c.fetchval(statement("lease_owner", s), lease.key)
-                if owner is not None and owner != lease.token:
-                    return None
-            if owner is None and row["consumer"] != self.consumer:
-                return None
-            if owner is not None:
-                await c.execute(f'DELETE FROM "{s}".aqw_leases WHERE key = $1', lease.key)  # type: ignore[union-attr]
-            return await step(c, row)
-
     async def _ack(
         self,
         delivery: Delivery,
@@ -276,8 +260,16 @@ class PostgresBroker(Broker):
         finish: Finish,
         record_ttl: float,
     ) -> bool:
-        """Batched with the acks made meanwhile into one statement (``ack_many.sql``)."""
+        """Batched with the acks made meanwhile into one statement (``ack_many.sql``), which
+        writes each job's record end too; a job acked in its handler's transaction is done."""
+        if self._steps.done and delivery.id in self._steps.done:
+            self._steps.done.discard(delivery.id)
+            return True
         done = job is not None and job.key is not None and record_ttl > 0
+        now = time.time()
+        end = ""
+        if job is not None:
+            end = json.dumps({**finish.fields(self.consumer, now), "state": finish.state})
         return await self._acks.submit(
             (
                 int(delivery.id),
@@ -285,32 +277,26 @@ class PostgresBroker(Broker):
                 lease.token if lease is not None else "",
                 job.key if done and job is not None else None,
                 job.id if job is not None else "",
-                time.time() + record_ttl,
+                now + record_ttl,
+                end,
+                now + finish.keep_for,
+                new_record(job) if job is not None else "",
             )
         )
 
     async def _ack_many(self, acks: Sequence[AckArgs]) -> list[bool]:
         cols = list(zip(*acks, strict=True))
         sql = statement("ack_many", self._s)
-        rows = await self.pool.fetch(sql, *cols, self.consumer, self.queue, shard())
+        rows = await self.pool.fetch(
+            sql, *cols[:6], self.consumer, self.queue, shard(), *cols[6:], self._records.channel
+        )
         gone = {r["id"] for r in rows}
         return [a[0] in gone for a in acks]
 
-    async def _move(
-        self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None, stat: str | None
-    ) -> bool:
-        async def step(c: Any, row: Any) -> bool:
-            sql = (
-                f'UPDATE "{self._s}".aqw_jobs SET job = $2, priority = $3, run_at = $4, '
-                "consumer = NULL, held_at = NULL WHERE id = $1"
-            )
-            await c.execute(sql, int(delivery.id), job.encode(), job.priority, run_at)
-            if stat is not None:
-                await c.execute(statement("bump", self._s), self.queue, stat, shard())
-            await c.execute("SELECT pg_notify($1, '')", self._channel)
-            return True
-
-        return bool(await self._settle(delivery, lease, step))
+    def settle_in_transaction(
+        self, delivery: Delivery, job: Job, lease: Lease, record_ttl: float, keep_for: float
+    ) -> AbstractAsyncContextManager[Any]:
+        return self._steps.transaction(delivery, job, lease, record_ttl, keep_for)
 
     async def _retry(
         self,
@@ -320,21 +306,17 @@ class PostgresBroker(Broker):
         lease: Lease | None,
         failure: Failure | None,
     ) -> bool:
-        return await self._move(delivery, job, run_at, lease, "retried")
+        why = failure_fields(failure) if failure is not None else {}
+        fields = {**why, "state": "retrying"}
+        return await self._steps.move(delivery, job, run_at, lease, "retried", fields)
 
     async def _defer(
         self, delivery: Delivery, job: Job, run_at: float, lease: Lease | None
     ) -> bool:
-        return await self._move(delivery, job, run_at, lease, None)
+        return await self._steps.move(delivery, job, run_at, lease, None, {"state": "delayed"})
 
     async def _give_back(self, delivery: Delivery, lease: Lease | None, job: Job | None) -> bool:
-        async def step(c: Any, row: Any) -> bool:
-            sql = f'UPDATE "{self._s}".aqw_jobs SET consumer = NULL, held_at = NULL WHERE id = $1'
-            await c.execute(sql, int(delivery.id))
-            await c.execute("SELECT pg_notify($1, '')", self._channel)
-            return True
-
-        return bool(await self._settle(delivery, lease, step))
+        return await self._steps.give_back(delivery, lease, job)
 
     async def _dead_letter(
         self,
@@ -345,27 +327,7 @@ class PostgresBroker(Broker):
         lease: Lease | None,
         keep_for: float,
     ) -> str | None:
-        async def step(c: Any, row: Any) -> str:
-            await c.execute(f'DELETE FROM "{self._s}".aqw_jobs WHERE id = $1', int(delivery.id))
-            entry = await c.fetchval(
-                statement("dead_insert", self._s),
-                self.queue,
-                delivery.data,
-                job.task if job else "",
-                job.id if job else "",
-                failure.error_type,
-                failure.error,
-                failure.traceback,
-                attempts,
-                failure.first_failed_at or failure.failed_at,
-                failure.failed_at,
-                failure.worker,
-            )
-            await c.execute(statement("bump", self._s), self.queue, "dead", shard())
-            return str(entry)
-
-        entry: str | None = await self._settle(delivery, lease, step)
-        return entry
+        return await self._steps.dead_letter(delivery, job, failure, attempts, lease, keep_for)
 
     # -- inspection ------------------------------------------------------------------------
 
@@ -390,10 +352,7 @@ class PostgresBroker(Broker):
         return await self._dead.get(entry_id)
 
     async def dlq_replay(self, entries: Sequence[tuple[str, Job]]) -> int:
-        replayed = await self._dead.replay(entries)
-        for job in replayed:
-            self._records.replayed(job)
-        return len(replayed)
+        return len(await self._dead.replay(entries))
 
     async def dlq_delete(self, entry_ids: Sequence[str]) -> int:
         return await self._dead.delete(entry_ids)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 from ...errors import ConfigError
@@ -32,6 +33,8 @@ class Connection:
         self.pool: Any = None
         self._listener: Any = None
         self._wakers: dict[str, asyncio.Event] = {}
+        #: Per channel, the callbacks given each notification's payload (``subscribe``).
+        self._hearers: dict[str, list[Callable[[str], None]]] = {}
         self._lock: asyncio.Lock | None = None
         #: Brokers connected on it: the last one to close closes it.
         self.users = 0
@@ -74,6 +77,11 @@ class Connection:
             await self._listener.add_listener(channel, self._notified)
         return event
 
+    async def subscribe(self, channel: str, hear: Callable[[str], None]) -> None:
+        """Open, and call ``hear(payload)`` at each notification on ``channel``."""
+        await self.listen(channel)
+        self._hearers.setdefault(channel, []).append(hear)
+
     async def relisten(self) -> bool:
         """Reopen the listener when the server cut it (a restart, ``pg_terminate_backend``):
         True when it listens again. Called by a fetch that waited without a notification."""
@@ -87,10 +95,12 @@ class Connection:
         self._listener = listener
         return True
 
-    def _notified(self, _conn: object, _pid: int, channel: str, _payload: str) -> None:
+    def _notified(self, _conn: object, _pid: int, channel: str, payload: str) -> None:
         event = self._wakers.get(channel)
         if event is not None:
             event.set()
+        for hear in self._hearers.get(channel, ()):
+            hear(payload)
 
     async def close(self) -> None:
         pool, listener = self.pool, self._listener

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from ...job import Job
 from ..messages import DeadJob
+from ._records import enqueued
 from ._sql import statement
+
+#: A replayed job's record keeps its story (attempts, last error) but not its end.
+REPLAYED = {"run_at": "", "finished_at": "", "dlq_entry": "", "cancel": "", "state": "queued"}
 
 
 class DeadLetters:
@@ -39,14 +45,17 @@ class DeadLetters:
         replayed = []
         delete = f'DELETE FROM "{self._s}".aqw_dead WHERE queue = $1 AND id = $2 RETURNING 1'
         publish = statement("publish", self._s)
+        await self._pool.connected()
         async with self._pool.acquire() as c, c.transaction():
             for entry_id, job in entries:
                 n = _entry(entry_id)
                 if n is None or await c.fetchval(delete, self._queue, n) is None:
                     continue
-                await c.execute(
-                    publish, self._queue, [job.encode()], [job.priority], 0.0, self._channel
-                )
+                q, wire, level = self._queue, [job.encode()], [job.priority]
+                await c.execute(publish, q, wire, level, 0.0, self._channel, [], [], [])
+                put = statement("record_put", self._s)
+                start, until = enqueued(job, None, time.time())
+                await c.execute(put, q, job.id, start, json.dumps(REPLAYED), until)
                 replayed.append(job)
         return replayed
 

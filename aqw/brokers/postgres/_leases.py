@@ -81,5 +81,9 @@ class PoolOf:
     async def fetchrow(self, sql: str, *args: Any) -> Any:
         return await (await self._open()).fetchrow(sql, *args)
 
+    async def connected(self) -> None:
+        """Connect the broker (before ``acquire``)."""
+        await self._broker.connect()
+
     def acquire(self) -> Any:
         return self._broker.pool.acquire()

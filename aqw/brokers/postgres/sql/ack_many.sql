@@ -1,17 +1,20 @@
 -- Many acks of one consumer in one statement: $1 row ids, $2 their jobs' lease keys, $3 the
 -- leases' tokens ('': none held), $4 completion-record keys (NULL: none), $5 job ids ('':
--- undecodable), $6 the records' expiries; $7 this consumer, $8 queue, $9 stats shard. Each
--- row goes when its holder is its lease's token, or, without a live lease, this consumer;
--- the ids gone come back.
+-- undecodable), $6 the records' expiries; $7 this consumer, $8 queue, $9 stats shard; the
+-- job records' ends: $10 the finish's fields (JSON; '': no record), $11 the records' new
+-- expiry, $12 what a missing record starts with (JSON), $13 the records' channel (each end
+-- notified with its job id). Each row goes when its holder is its lease's token, or,
+-- without a live lease, this consumer; the ids gone come back.
 WITH req AS (
     SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[],
-                         $6::float8[]) AS r(id, lkey, token, jkey, job_id, expires)
+                         $6::float8[], $10::text[], $11::float8[], $12::text[])
+                  AS r(id, lkey, token, jkey, job_id, expires, f, u, b)
 ), lease AS (
     SELECT l.key, l.token FROM {schema}.aqw_leases AS l JOIN req ON l.key = req.lkey
     WHERE l.expires_at > extract(epoch FROM clock_timestamp())
     FOR UPDATE OF l
 ), mine AS (
-    SELECT j.id, req.lkey, req.token, req.jkey, req.job_id, req.expires
+    SELECT j.id, req.lkey, req.token, req.jkey, req.job_id, req.expires, req.f, req.u, req.b
     FROM {schema}.aqw_jobs AS j JOIN req ON j.id = req.id
     LEFT JOIN lease ON lease.key = req.lkey
     WHERE j.consumer IS NOT NULL
@@ -36,5 +39,14 @@ WITH req AS (
     ON CONFLICT (queue, kind, key) DO UPDATE
     SET job_id = EXCLUDED.job_id, expires_at = EXCLUDED.expires_at
     RETURNING 1
+), rec AS (
+    INSERT INTO {schema}.aqw_records AS r (queue, job_id, fields, until)
+    SELECT DISTINCT ON (mine.job_id) $8, mine.job_id, mine.b::jsonb || mine.f::jsonb, mine.u
+    FROM gone JOIN mine USING (id) WHERE mine.f <> '' AND mine.job_id <> ''
+    ORDER BY mine.job_id, mine.id DESC
+    ON CONFLICT (queue, job_id) DO UPDATE
+    SET fields = r.fields || (EXCLUDED.fields - ARRAY['task', 'enqueued_at']),
+        until = EXCLUDED.until
+    RETURNING r.job_id
 )
-SELECT id FROM gone
+SELECT gone.id FROM gone, (SELECT count(pg_notify($13, job_id)) AS n FROM rec) AS notified

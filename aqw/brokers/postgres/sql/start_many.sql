@@ -1,0 +1,40 @@
+-- Many job starts in one statement (distinct lease keys): $1 queue, $2 job ids, $3 their
+-- lease keys, $4 tokens, $5 ttls in ms, $6 what a missing record starts with (JSON), $7 the
+-- running record's fields but the fencing token (JSON), $8 its expiry. Each job's live record is locked;
+-- a cancelled job comes back 'cancelled', an ended one 'ended', taking nothing; the others
+-- take their lease (free, expired or held by their token), and for each lease taken the
+-- record reads running with the lease's fencing token. Every job comes back: its status and
+-- its fencing token (NULL: the lease is another holder's).
+WITH req AS (
+    SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[],
+                         $7::text[]) AS r(job_id, key, token, ms, b, f)
+), rec AS (
+    SELECT r.job_id, r.fields FROM {schema}.aqw_records AS r JOIN req USING (job_id)
+    WHERE r.queue = $1 AND r.until > extract(epoch FROM clock_timestamp())
+    FOR UPDATE OF r
+), checked AS (
+    SELECT req.*, CASE
+        WHEN rec.fields->>'state' = 'cancelled' OR rec.fields->>'cancel' = '1' THEN 'cancelled'
+        WHEN rec.fields->>'state' IN ('succeeded', 'failed', 'dead', 'expired') THEN 'ended'
+        ELSE 'go' END AS status
+    FROM req LEFT JOIN rec USING (job_id)
+), taken AS (
+    INSERT INTO {schema}.aqw_leases AS l (key, token, expires_at)
+    SELECT key, token, extract(epoch FROM clock_timestamp()) + ms / 1000.0
+    FROM checked WHERE status = 'go'
+    ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at
+    WHERE l.expires_at <= extract(epoch FROM clock_timestamp()) OR l.token = EXCLUDED.token
+    RETURNING l.key, nextval('{schema}.aqw_fence') AS fence
+), running AS (
+    INSERT INTO {schema}.aqw_records AS r (queue, job_id, fields, until)
+    SELECT $1, checked.job_id,
+           checked.b::jsonb || checked.f::jsonb
+               || jsonb_build_object('fencing_token', taken.fence::text),
+           $8::float8
+    FROM checked JOIN taken USING (key)
+    ON CONFLICT (queue, job_id) DO UPDATE
+    SET fields = r.fields || (EXCLUDED.fields - ARRAY['task', 'enqueued_at']),
+        until = EXCLUDED.until
+    RETURNING 1
+)
+SELECT checked.job_id, checked.status, taken.fence FROM checked LEFT JOIN taken USING (key)
