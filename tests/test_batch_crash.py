@@ -30,7 +30,11 @@ from aqw.idempotency import SqlCompletionStore
 from tests._helpers import PG_DSNS, eventually
 
 # Three worker processes, killed and frozen: one such test at a time (CONTRIBUTING.md).
-pytestmark = [pytest.mark.redis, pytest.mark.timeout(120), pytest.mark.xdist_group("processes")]
+pytestmark = [
+    pytest.mark.redis,
+    pytest.mark.timeout(120),
+    pytest.mark.xdist_group("processes"),
+]
 
 BATCHES = 20
 CHILDREN = 50
