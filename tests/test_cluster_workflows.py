@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from pydantic import BaseModel
 
 import aqw
 from aqw.brokers.batching import callback_key
-from tests.test_cluster import (  # noqa: F401  (the module's cluster and its watch)
+from tests.test_cluster import (
     Cluster,
     SlotWatch,
     cluster_app,
@@ -18,6 +19,13 @@ from tests.test_cluster import (  # noqa: F401  (the module's cluster and its wa
 )
 from tests.test_cluster import cluster as cluster
 from tests.test_cluster import slot_watch as slot_watch
+
+# test_cluster's marks, in a group of this module's own: one worker, one cluster for the
+# module (a group shared with test_cluster interleaves the two modules, and each switch
+# starts a module's cluster again)
+pytestmark = [m for m in pytestmark if m.name != "xdist_group"] + [
+    pytest.mark.xdist_group("cluster-workflows")
+]
 
 
 class Item(BaseModel):
