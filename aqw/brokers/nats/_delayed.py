@@ -6,6 +6,7 @@ due yet is nak'd with a delay of the time left, so the server hands it back at i
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import time
 from collections.abc import Sequence
@@ -36,6 +37,8 @@ class Delayed:
         self._sub = sub
         #: Due times this process knows of, soonest first (what ``promote`` returns).
         self._dues: list[float] = []
+        #: One pass at a time on the shared subscription (the workers of one broker).
+        self._promoting = asyncio.Lock()
 
     async def add(self, data: Sequence[bytes], run_at: float, msg_id: str | None = None) -> None:
         names = self._names
@@ -47,7 +50,14 @@ class Delayed:
         heapq.heappush(self._dues, run_at)
 
     async def promote(self, reply_timeout: float) -> float | None:
-        """Move the due jobs; seconds until the next known due time, or None."""
+        """Move the due jobs; seconds until the next known due time, or None. The
+        workers of one broker share its ``promoter`` subscription: their passes take
+        turns, since concurrent fetches on one pull subscription lose messages (module
+        docstring)."""
+        async with self._promoting:
+            return await self._promote(reply_timeout)
+
+    async def _promote(self, reply_timeout: float) -> float | None:
         try:
             msgs = await self._sub.fetch(256, timeout=0.05)
         except TimeoutError:  # nats.errors.TimeoutError is one: nothing came

@@ -144,6 +144,13 @@ class Layout:
     promoter = "promoter"
 
 
+#: The ``promoter`` consumer's AckWait: a delayed job's delivery the promoter never saw (a
+#: nak'd job's redelivery lost on its way to the pull subscription) comes back this soon,
+#: not after 30 s; a pass acks or naks each delivery at once, and a move repeated after a
+#: late ack is dropped as a duplicate (``due.<seq>``).
+PROMOTER_ACK_WAIT = 5.0
+
+
 @dataclass(frozen=True)
 class Settings:
     """A queue's JetStream settings, from the URL (``aqw.brokers.nats`` docstring)."""
@@ -305,7 +312,12 @@ async def open_queue(
                 settings.max_deliver,
             )
             await ensure_consumer(
-                js, names.delayed_stream, names.promoter, names.delayed_subject, 30.0, False
+                js,
+                names.delayed_stream,
+                names.promoter,
+                names.delayed_subject,
+                PROMOTER_ACK_WAIT,
+                True,
             )
             info = await js.stream_info(names.stream)  # as it is: made here or before
             return nc, js, window, int(info.config.num_replicas or 1)
