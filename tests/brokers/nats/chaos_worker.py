@@ -24,8 +24,12 @@ async def main() -> None:
     store = SqlCompletionStore()
     app = aqw.App(f"{url}?queue={queue}&ack_wait=3{extra}", lease_ttl=3.0)
 
+    ran = False
+
     @app.task(name="apply", max_retries=20)
     async def apply(n: int, ctx: aqw.Context) -> None:
+        nonlocal ran
+        ran = True
         await asyncio.sleep(random.random() * 0.01)
         async with (
             pool.acquire() as conn,
@@ -40,7 +44,19 @@ async def main() -> None:
                     ctx.fencing_token,
                 )
 
-    await app.worker(concurrency=20, grace=1.0).run()
+    # A worker that cannot reach the servers at its start gives up (exit 1), as `aqw worker`
+    # does; under load a forming cluster can be that slow. Try again then, as a deployment
+    # with `--wait-for-broker` would, but never after a job ran: a worker that gave up
+    # mid-run is what the chaos tests look for.
+    for _ in range(20):
+        try:
+            await app.worker(concurrency=20, grace=1.0).run()
+            return
+        except aqw.BrokerUnavailable:
+            if ran:
+                raise
+            await asyncio.sleep(0.5)
+    raise SystemExit("could not reach the broker at start, 20 times")
 
 
 if __name__ == "__main__":
