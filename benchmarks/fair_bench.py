@@ -24,12 +24,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import time
 import uuid
@@ -38,6 +35,7 @@ from typing import Any
 
 # The CPU meters of the results benchmark, its sibling (this file's folder is on sys.path,
 # whether run by hand or as its own child).
+from limits_bench import delete_keys, run_trial
 from results_bench import cpu_seconds, redis_cpu
 
 HERE = Path(__file__).resolve().parent
@@ -96,54 +94,6 @@ def log(msg: str) -> None:
     print(f"[fair_bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def kill_group(proc: subprocess.Popen[str]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
-def run_trial(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Run one child to its end; kill its process group at ``timeout``."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    proc = subprocess.Popen(
-        [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)],
-        cwd=ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except BaseException:
-        kill_group(proc)
-        raise
-    if proc.returncode != 0:
-        raise RuntimeError(f"trial exited {proc.returncode}: {err.strip()[-2000:]}")
-    lines = [line for line in out.splitlines() if line.startswith("{")]
-    if not lines:
-        raise RuntimeError("the trial printed no result")
-    got: dict[str, Any] = json.loads(lines[-1])
-    if got["aqw_dir"] != str((ROOT / "aqw").resolve()):
-        raise RuntimeError(f"the trial imported aqw from {got['aqw_dir']}")
-    return got
-
-
-def delete_keys(url: str, queue: str) -> None:
-    import redis
-
-    client = redis.Redis.from_url(url, socket_timeout=10)
-    try:
-        batch = list(client.scan_iter(match=f"aqw:{{{queue}}}:*", count=1000))
-        for i in range(0, len(batch), 500):
-            client.delete(*batch[i : i + 500])
-    finally:
-        client.close()
-
-
 def trial(args: argparse.Namespace, variant: str) -> dict[str, Any]:
     queue = f"fb-{variant}-{uuid.uuid4().hex[:8]}"
     spec = {
@@ -156,7 +106,7 @@ def trial(args: argparse.Namespace, variant: str) -> dict[str, Any]:
         "timeout": args.trial_timeout,
     }
     try:
-        got = run_trial(spec, args.trial_timeout + 60)
+        got = run_trial(spec, args.trial_timeout + 60, Path(__file__))
     finally:
         delete_keys(args.url, queue)
     if got["processed"] != args.jobs:

@@ -107,12 +107,15 @@ def kill_group(proc: subprocess.Popen[str]) -> None:
     proc.wait()
 
 
-def run_trial(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Run one child to its end; kill its process group at ``timeout``."""
+def run_trial(
+    spec: dict[str, Any], timeout: float, script: Path = Path(__file__)
+) -> dict[str, Any]:
+    """Run one child of ``script`` (this benchmark's, or another's that uses these helpers)
+    to its end; kill its process group at ``timeout``."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     proc = subprocess.Popen(
-        [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)],
+        [sys.executable, str(script.resolve()), "--child", json.dumps(spec)],
         cwd=ROOT,
         env=env,
         stdin=subprocess.DEVNULL,
