@@ -16,6 +16,9 @@ from aqw.brokers.base import Broker
 from aqw.brokers.postgres import PostgresBroker
 from aqw.brokers.postgres._connection import Connection
 from aqw.testing.contract import (
+    DebounceContract,
+    HistoryContract,
+    LimitsContract,
     MarksContract,
     RecordsContract,
     StatusContract,
@@ -62,4 +65,16 @@ class TestPostgresStatus(StatusContract):
 
 
 class TestPostgresMarks(MarksContract):
+    pass
+
+
+class TestPostgresLimits(LimitsContract):
+    pass
+
+
+class TestPostgresDebounce(DebounceContract):
+    pass
+
+
+class TestPostgresHistory(HistoryContract):
     pass

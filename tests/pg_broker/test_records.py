@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
@@ -22,22 +20,10 @@ from aqw.brokers.postgres._connection import Connection
 from aqw.errors import JobCancelled
 from aqw.job import Job
 from aqw.lease import Lease
-from tests._helpers import PG_DSNS, eventually
+from tests._helpers import eventually
 
 pytestmark = pytest.mark.timeout(90)
 HERE = Path(__file__).resolve().parent
-
-
-@pytest.fixture
-async def where() -> AsyncIterator[tuple[str, str]]:
-    """(dsn, schema) of a fresh schema, dropped at the end."""
-    dsn, schema = PG_DSNS[0], f"aqw_pgr_{uuid.uuid4().hex[:10]}"
-    yield dsn, schema
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-    finally:
-        await conn.close()
 
 
 def broker(where: tuple[str, str], consumer: str) -> PostgresBroker:
@@ -153,3 +139,44 @@ async def test_finished_records_expire_in_batches(where: tuple[str, str]) -> Non
     finally:
         await producer.close()
         await worker.close()
+
+
+async def test_ends_acked_in_one_batch_wake_their_waiters_with_one_notification(
+    where: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """60 jobs awaited from a broker of its own pool (another process's listener); a worker
+    acks them in batches, each batch notifying the ids of its ends joined by ','. With the
+    waiters' periodic re-read pushed past the test's bound, only the notifications can wake
+    them: every waiter sees its job succeeded, and some notification carried several ids."""
+    from aqw.brokers.postgres import _records
+
+    monkeypatch.setattr(_records, "REREAD_EVERY", 600.0)
+    payloads: list[str] = []
+    heard = _records.PgJobRecords._heard
+
+    def spy(self: _records.PgJobRecords, payload: str) -> None:
+        payloads.append(payload)
+        heard(self, payload)
+
+    monkeypatch.setattr(_records.PgJobRecords, "_heard", spy)
+    dsn, schema = where
+    app = aqw.App(f"{dsn}?schema={schema}&queue=q")
+
+    @app.task(name="noop")
+    async def noop(n: int) -> None: ...
+
+    ids = await noop.enqueue_many(list(range(60)))
+    waiter = broker(where, "waiter")
+    await waiter.connect()
+    try:
+        waits = [asyncio.create_task(waiter.records.wait_finished(i, 60)) for i in ids]
+        await eventually(lambda: waiter.records.waiting() == 60, 30, "all waiting")  # type: ignore[attr-defined]
+        async with app.worker(concurrency=60):
+            infos = await asyncio.wait_for(asyncio.gather(*waits), 60)
+    finally:
+        await waiter.close()
+    assert [info.state for info in infos] == ["succeeded"] * 60
+    woken = [i for p in payloads for i in p.split(",")]
+    assert set(ids) <= set(woken)
+    assert max(len(p.split(",")) for p in payloads) > 1
+    await app.close()

@@ -4,6 +4,7 @@ stale holder whose lease another worker took, leave neither the write nor the ac
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
@@ -158,3 +159,64 @@ async def test_a_raise_after_the_block_committed_leaves_the_job_succeeded(
     assert runs == [7] and await rows(where, "orders") == 1
     assert await rows(where, "aqw_jobs") == 0 and await app.dlq.list() == []
     await app.close()
+
+
+async def test_a_connection_lent_to_a_handler_is_reset_and_the_brokers_own_are_not(
+    where: tuple[str, str],
+) -> None:
+    """The pool has one connection, so the handler's and the broker's are the same one.
+    What a handler's ``ctx.transaction()`` leaves in the session (a SET, a LISTEN) is reset
+    when it comes back; a connection only the broker's statements used goes back without
+    the reset's round trip (its session state stays: the broker's statements leave none)."""
+    dsn, schema = where
+    app = aqw.App(f"{dsn}?schema={schema}&queue=q&pool=1")
+
+    @app.task(name="order")
+    async def order(n: int, ctx: aqw.Context) -> None:
+        async with ctx.transaction() as conn:
+            await conn.execute("SET statement_timeout = 12345")  # session-wide, not LOCAL
+            await conn.execute("LISTEN aqw_test_lent")
+
+    await order.enqueue(1)
+    async with app.worker(concurrency=1) as worker:
+        await eventually(lambda: worker.stats.processed == 1, 30, "acked")
+    pool = app.broker.pool  # type: ignore[attr-defined]
+    async with pool.acquire() as c:
+        assert await c.fetchval("SHOW statement_timeout") == "0"
+        assert await c.fetchval("SELECT count(*) FROM pg_listening_channels()") == 0
+        await c.execute("SET statement_timeout = 54321")  # the broker's own: not reset
+    async with pool.acquire() as c:
+        timeout = await c.fetchval("SHOW statement_timeout")
+        await c.execute("RESET statement_timeout")
+    assert timeout == "54321ms"
+    await app.close()
+
+
+async def test_a_frozen_broker_transaction_is_ended_by_the_server_and_frees_its_locks(
+    where: tuple[str, str],
+) -> None:
+    """Found by the chaos run (``test_chaos.py``): a worker SIGSTOPped inside a settle's
+    transaction kept the job's row, its lease and a shared counter row locked, and every
+    other worker's acks waited behind it for as long as it was paused. The server now ends
+    a broker transaction idle for 5 s; the handler's part of ``ctx.transaction()`` is
+    exempt (it may wait on anything)."""
+    b = broker(where, "c1")
+    await b.connect()
+    pool = b.pool
+    frozen = await pool.acquire()
+    try:
+        assert await frozen.fetchval("SHOW idle_in_transaction_session_timeout") == "5s"
+        tx = frozen.transaction()
+        await tx.start()
+        await frozen.execute("SELECT pg_advisory_xact_lock(42)")  # as a row lock would
+        # Another worker waits for the lock: the server frees it within the bound.
+        async with pool.acquire() as other:
+            await asyncio.wait_for(other.execute("SELECT pg_advisory_xact_lock(42)"), 60)
+        # ended: cut (asyncpg says so as a server error, an interface error, or, when the
+        # termination notice lands mid-operation, an internal client error)
+        cut = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError)
+        with pytest.raises(cut):
+            await frozen.execute("SELECT 1")
+    finally:
+        await pool.release(frozen)
+        await b.close()

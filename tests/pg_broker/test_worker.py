@@ -211,3 +211,33 @@ async def test_periodic_tasks_tick_once_across_two_workers(where: tuple[str, str
     assert "tick" in marks
     for app in apps:
         await app.close()
+
+
+async def test_a_stopped_consumers_jobs_are_reclaimed_while_a_backlog_still_waits(
+    where: tuple[str, str, str],
+) -> None:
+    """Found by the chaos run (``test_chaos.py``): with a backlog the fetch refilled every
+    slot first, and the reclaim, which took only into free slots, left a stopped
+    consumer's jobs until the whole backlog had drained. Now they run while it waits."""
+    app = aqw.App(url(where), lease_ttl=1.0)
+    ran: list[int] = []
+
+    @app.task(name="step")
+    async def step(n: int) -> None:
+        ran.append(n)
+        await asyncio.sleep(0.02)
+
+    await step.enqueue_many([-1, -2, -3])  # taken by a consumer that stops at once
+    gone = aqw.App(url(where)).broker
+    await gone.connect()
+    await gone.start_consuming("gone")
+    assert len(await gone.fetch(3, 1.0)) == 3
+    await gone.close()
+    await step.enqueue_many(list(range(2000)))  # 2,000 x 20 ms at concurrency 10: >= 4 s
+    async with app.worker(concurrency=10):
+        await eventually(lambda: {-1, -2, -3} <= set(ran), 60, "the abandoned jobs reclaimed")
+        backlog = (await app.broker.depth()).waiting
+        await eventually(lambda: len(ran) == 2003, 60, "the backlog drained")
+    assert backlog > 0, "the abandoned jobs ran only once the backlog was gone"
+    assert sorted(ran) == [-3, -2, -1, *range(2000)]  # each once
+    await app.close()

@@ -14,6 +14,10 @@ R = TypeVar("R")
 
 #: Most calls in one batch.
 MAX_BATCH = 500
+#: Times a batch the server broke out of a lock cycle (SQLSTATE 40P01, nothing of it written)
+#: goes again before its callers get the error. Starts and settles lock a job's record, lease
+#: and row in one order, so a cycle is not expected; a batch is still never failed for one.
+DEADLOCK_RETRIES = 3
 
 
 class Batcher(Generic[A, R]):
@@ -37,7 +41,7 @@ class Batcher(Generic[A, R]):
             while self._pending:
                 batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
                 try:
-                    results = await self._run([args for args, _ in batch])
+                    results = await self._run_again_after_deadlocks([args for args, _ in batch])
                 except BaseException as exc:  # each caller gets the error (or the stop)
                     for _, future in batch:
                         if not future.done():
@@ -54,6 +58,15 @@ class Batcher(Generic[A, R]):
                 if not future.done():
                     future.set_exception(ConnectionError("the broker was closed"))
             self._pending = []
+
+    async def _run_again_after_deadlocks(self, args: Sequence[A]) -> Sequence[R]:
+        for _ in range(DEADLOCK_RETRIES):
+            try:
+                return await self._run(args)
+            except Exception as exc:
+                if getattr(exc, "sqlstate", None) != "40P01":
+                    raise
+        return await self._run(args)
 
 
 def shard() -> int:

@@ -5,7 +5,10 @@ leases are rows of ``aqw_leases`` with fencing tokens from a sequence; the start
 lease acquires and acks made meanwhile go out batched (``_batch.py``); other settles are one
 transaction that checks the holder first. Job records (``_records.py``), marks and
 heartbeats are shared tables; each step writes the job's record in its own statement or
-transaction.
+transaction. Rate limits and per-key caps (``_flow.py``), limits changed at run time
+(``_run_limits.py``), debounce (``_debounce.py``) and the depth history (``_history.py``)
+are shared tables too, the atomic steps SQL functions of the migrations; a running job's
+cancel is pushed to its worker by NOTIFY.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from ...flow import Limits
+from ...flow import Limits, completion_key
 from ...job import Job
 from ...lease import Lease, LeaseBackend
 from ..base import Broker
@@ -29,9 +32,13 @@ from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth, failure_f
 from ._batch import Batcher, shard
 from ._connection import Connection, channel_of
 from ._dead import DeadLetters
+from ._debounce import PgDebounce
+from ._flow import PgFlowLimits
+from ._history import PgDepthHistory
 from ._leases import PgLeases, PoolOf
 from ._parts import PgScheduleMarks, PgWorkerStatus
 from ._records import PgJobRecords, PgStartGuard, enqueued, new_record
+from ._run_limits import PgRunLimits
 from ._settle import Settles
 from ._sql import statement
 
@@ -58,16 +65,24 @@ class PostgresBroker(Broker):
     def __init__(self, conn: Connection, queue: str) -> None:
         pool = PoolOf(self)
         self._records = PgJobRecords(pool, conn, conn.schema, queue)
+        self._flow = PgFlowLimits(pool, conn.schema, queue)
+        self._debounce = PgDebounce(pool, conn.schema, queue, channel_of(conn.schema, queue))
         super().__init__(
             queue,
             records=self._records,
             status=PgWorkerStatus(pool, conn.schema, queue),
             marks=PgScheduleMarks(pool, conn.schema, queue),
+            flow_limits=self._flow,
+            debounce=self._debounce,
+            history=PgDepthHistory(pool, conn.schema, queue),
         )
+        #: Limits changed at run time (``aqw limits``), in ``aqw_limits``.
+        self._run_limits = self.run_limits = PgRunLimits(pool, conn.schema, queue)
         self._conn = conn
         self._s = conn.schema
         self._channel = channel_of(conn.schema, queue)
         self._wake: Any = None
+        self._joined = False  # counted among the connection's users
         self._leases: PgLeases | None = None
         self._acks: Batcher[AckArgs, bool] = Batcher(self._ack_many)
         self._checks: Batcher[int, bool] = Batcher(self._held)
@@ -89,17 +104,31 @@ class PostgresBroker(Broker):
 
     async def connect(self) -> None:
         if self._wake is None or self._conn.pool is None:
-            if self._wake is None:
+            if not self._joined:  # once, however many callers connect at the same time
+                self._joined = True
                 self._conn.users += 1
             self._wake = await self._conn.listen(self._channel)
 
+    async def start_consuming(self, consumer: str) -> None:
+        await super().start_consuming(consumer)
+        await self._run_limits.refresh()  # the limits changed at run time, then every 0.5 s
+
     async def close(self) -> None:
         """Close this broker; the connection closes with the last broker using it."""
-        if self._wake is not None:
+        await self._run_limits.stop()
+        if self._joined:
+            self._joined = False
             self._wake = None
             self._conn.users -= 1
             if self._conn.users <= 0:
                 await self._conn.close()
+
+    #: A running job's cancel is notified to every worker of the queue (LISTEN/NOTIFY); the
+    #: lease renewal still reads it when the word is lost.
+    pushes_cancels = True
+
+    async def watch_cancels(self, on_cancel: Callable[[str], None]) -> None:
+        await self._records.watch_cancels(on_cancel)
 
     # -- producing -------------------------------------------------------------------------
 
@@ -138,13 +167,14 @@ class PostgresBroker(Broker):
         return job.id, False
 
     async def is_completed(self, job: Job) -> bool:
-        if job.key is None:
+        key = completion_key(job)  # None: no key, or a debounce key
+        if key is None:
             return False
         sql = (
             f'SELECT 1 FROM "{self._s}".aqw_keys '
             "WHERE queue = $1 AND kind = $2 AND key = $3 AND expires_at > $4"
         )
-        return await self.pool.fetchval(sql, self.queue, "done", job.key, time.time()) is not None
+        return await self.pool.fetchval(sql, self.queue, "done", key, time.time()) is not None
 
     # -- consuming -------------------------------------------------------------------------
 
@@ -176,7 +206,10 @@ class PostgresBroker(Broker):
             return None
         now = time.time()
         due = await self.pool.fetchval(statement("next_due", self._s), self.queue, now)
+        await self._conn.end_stalled()
         await self._records.maybe_sweep()
+        await self._flow.maybe_sweep()
+        await self._debounce.maybe_sweep()
         return None if due is None else max(0.0, due - now)
 
     async def keep_alive(self, delivery: Delivery) -> bool:
@@ -232,7 +265,8 @@ class PostgresBroker(Broker):
         self, job: Job, limits: Limits | None = None, delivery: Delivery | None = None
     ) -> LeaseBackend:
         check = None if delivery is None else self._still_ours(delivery)
-        return PgStartGuard(self.lease_backend(), self._records, job, self.consumer, check)
+        flow = (self._flow, limits) if limits else None
+        return PgStartGuard(self.lease_backend(), self._records, job, self.consumer, check, flow)
 
     def _still_ours(self, delivery: Delivery) -> DeliveryCheck:
         """The start's check: a read (batched, nothing to commit) of whether the row is still
@@ -265,7 +299,7 @@ class PostgresBroker(Broker):
         if self._steps.done and delivery.id in self._steps.done:
             self._steps.done.discard(delivery.id)
             return True
-        done = job is not None and job.key is not None and record_ttl > 0
+        done = completion_key(job) if record_ttl > 0 else None
         now = time.time()
         end = ""
         if job is not None:
@@ -275,7 +309,7 @@ class PostgresBroker(Broker):
                 int(delivery.id),
                 lease.key if lease is not None else "",
                 lease.token if lease is not None else "",
-                job.key if done and job is not None else None,
+                done,
                 job.id if job is not None else "",
                 now + record_ttl,
                 end,

@@ -5,29 +5,38 @@ start step that takes its lease and marks its record running in one transaction
 A record is a row of ``aqw_records``: the flat map of string fields of ``aqw/record.py`` as
 jsonb, and its expiry. The broker's steps write it in the statement or transaction that
 moves the job (``publish.sql``, ``ack_many.sql``, the settle transactions); an end is
-notified on the queue's records channel with the job id as payload, which wakes
-``wait_finished`` (LISTEN/NOTIFY). Records past their time are deleted in batches
-(``sweep``, run with each ``promote_due``).
+notified on the queue's records channel with the job ids as payload (those of one batch of
+acks joined by ','), which wakes ``wait_finished`` (LISTEN/NOTIFY). Records past their time
+are deleted in batches (``sweep``, run with each ``promote_due``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ...errors import JobCancelled, StaleStart, UnknownJob
+from ...flow import Limits
 from ...job import Job
 from ...lease import LeaseBackend
-from ...record import DEFAULT_KEEP_FOR, FINAL_STATES, UNFINISHED_KEEP, JobInfo, stamp
+from ...record import (
+    DEFAULT_KEEP_FOR,
+    FINAL_STATES,
+    UNFINISHED_KEEP,
+    JobInfo,
+    queued_fields,
+)
 from ..local.records import RUNNING_FIELDS, running_state
 from ..local.start import DeliveryCheck
 from ..messages import CancelOutcome
 from ._batch import Batcher
 from ._connection import Connection, channel_of
+from ._flow import PgFlowLimits
 from ._sql import statement
 
 #: Records deleted per statement of the expiry sweep.
@@ -41,14 +50,25 @@ SWEEP_EVERY = 5.0
 REREAD_EVERY = 30.0
 
 
+#: Seconds between tries to listen for cancels while the server is away (doubling).
+RESUBSCRIBE = (0.1, 5.0)
+
+log = logging.getLogger("aqw.brokers.postgres")
+
 #: A start: job id, lease key, token, ttl in ms, what a missing record starts with (JSON),
 #: the running record's fields but the fencing token (JSON).
 Start = tuple[str, str, str, int, str, str]
 
 
 def records_channel(schema: str, queue: str) -> str:
-    """The channel on which a queue's job ends are notified (payload: the job id)."""
+    """The channel on which a queue's job ends are notified (payload: job ids, by ',')."""
     return channel_of(f"{schema}.records", queue)
+
+
+def cancels_channel(schema: str, queue: str) -> str:
+    """The channel on which the cancels of a queue's running jobs are notified (payload: the
+    job id), committed with the cancel's mark: every worker of the queue listens there."""
+    return channel_of(f"{schema}.cancels", queue)
 
 
 def new_record(job: Job) -> str:
@@ -59,15 +79,7 @@ def new_record(job: Job) -> str:
 def enqueued(job: Job, run_at: float | None, now: float) -> tuple[str, float]:
     """The record of a job just published or scheduled (JSON) and its expiry."""
     due = run_at if run_at is not None and run_at > now else None
-    fields = {
-        "state": "delayed" if due is not None else "queued",
-        "task": job.task,
-        "attempts": str(job.attempt - 1),
-        "enqueued_at": repr(job.enqueued_at),
-        "run_at": stamp(due),
-        "expires_at": stamp(job.expires_at),
-        "key": job.key or "",
-    }
+    fields = queued_fields(job, due)
     return json.dumps(fields), now + UNFINISHED_KEEP + (due - now if due else 0.0)
 
 
@@ -87,6 +99,7 @@ class PgJobRecords:
         #: Where job ends are notified; ``jobs_channel``: where the queue's rows are.
         self.channel = records_channel(schema, queue)
         self.jobs_channel = channel_of(schema, queue)
+        self.cancels = cancels_channel(schema, queue)
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
         self._listening = False
         self._swept = 0.0  # time.monotonic() of the last sweep
@@ -162,6 +175,8 @@ class PgJobRecords:
             put += "until = $4 WHERE queue = $1 AND job_id = $2"
             if state == "running":
                 await c.execute(put, self.queue, job_id, '{"cancel": "1"}', row["until"])
+                # Heard by its worker at the commit (``watch_cancels``); else its renewal reads it.
+                await c.execute("SELECT pg_notify($1, $2)", self.cancels, job_id)
                 return "cancelling"
             # Its row may still wait in the queue: the record outlives it (its start is refused).
             ended = json.dumps({"state": "cancelled", "cancel": "1", "finished_at": repr(now)})
@@ -231,10 +246,31 @@ class PgJobRecords:
                     del self._waiters[job_id]
                 fut.cancel()
 
-    def _heard(self, job_id: str) -> None:
-        for fut in self._waiters.get(job_id, ()):
-            if not fut.done():
-                fut.set_result(None)
+    async def watch_cancels(self, on_cancel: Callable[[str], None]) -> None:
+        """Call ``on_cancel(job_id)`` for each cancel of a running job of the queue, until
+        cancelled: the process's listening connection (reopened after a cut by the next
+        fetch that waits without a word) hears the queue's cancels channel. At most once:
+        a cancel notified while the listener is down is read with the lease's renewal."""
+        pause = RESUBSCRIBE[0]
+        while True:
+            try:
+                await self._conn.subscribe(self.cancels, on_cancel)
+                break
+            except Exception as exc:  # the server away: renewals read the cancels meanwhile
+                log.debug("listening for cancels of queue %s: %r; trying again", self.queue, exc)
+                await asyncio.sleep(pause)
+                pause = min(RESUBSCRIBE[1], pause * 2)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self._conn.unsubscribe(self.cancels, on_cancel)
+
+    def _heard(self, payload: str) -> None:
+        """A notification of ended jobs: their ids, joined by ',' (the acks' batch)."""
+        for job_id in payload.split(","):
+            for fut in self._waiters.get(job_id, ()):
+                if not fut.done():
+                    fut.set_result(None)
 
     def waiting(self) -> int:
         """How many callers wait for a job's end."""
@@ -246,9 +282,11 @@ class PgStartGuard:
     (``start_many.sql``, batched with the starts made meanwhile) it locks the job's record,
     refuses a cancelled job (``JobCancelled``) or an ended one (``StaleStart``, its delivery
     dropped), takes the lease and marks the record running with its fencing token;
-    ``renew`` moves the record's lease expiry on (under the same fencing token)."""
+    ``renew`` moves the record's lease expiry on (under the same fencing token). A job under
+    rate limits or per-key caps starts in ``aqw_start_limited`` (``_flow.py``, batched with
+    the limited starts made meanwhile), which checks the limits in the same transaction."""
 
-    __slots__ = ("_backend", "_delivery", "_fence", "_job", "_records", "_worker")
+    __slots__ = ("_backend", "_delivery", "_fence", "_flow", "_job", "_records", "_worker")
 
     def __init__(
         self,
@@ -257,9 +295,11 @@ class PgStartGuard:
         job: Job,
         worker: str,
         delivery: DeliveryCheck | None,
+        flow: tuple[PgFlowLimits, Limits] | None = None,
     ) -> None:
         self._backend, self._records = backend, records
         self._job, self._worker, self._delivery = job, worker, delivery
+        self._flow = flow
         self._fence: int | None = None
 
     async def acquire(self, key: str, token: str, ttl_ms: int) -> int | None:
@@ -276,8 +316,13 @@ class PgStartGuard:
             "message": "",
             "run_at": "",
         }
-        start = (job.id, key, token, ttl_ms, new_record(job), json.dumps(running))
-        status, fence = await self._records.starts.submit(start)
+        if self._flow is not None:
+            flow, limits = self._flow
+            ask = (key, token, ttl_ms, new_record(job), json.dumps(running))
+            status, fence = await flow.start(limits, job.id, ask)
+        else:
+            start = (job.id, key, token, ttl_ms, new_record(job), json.dumps(running))
+            status, fence = await self._records.starts.submit(start)
         if status == "cancelled":
             raise JobCancelled(job.id)
         if status == "ended":

@@ -11,11 +11,13 @@ from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
 from ...errors import LeaseLost
+from ...flow import completion_key
 from ...job import Job
 from ...lease import Lease
 from ...record import UNFINISHED_KEEP
 from ..messages import Delivery, Failure, Finish
 from ._batch import shard
+from ._connection import IDLE_IN_TRANSACTION
 from ._records import PgJobRecords
 from ._sql import statement
 
@@ -45,19 +47,30 @@ class Settles:
         #: handler returns finds them settled already.
         self.done: set[str] = set()
 
-    async def settle(self, delivery: Delivery, lease: Lease | None, step: Step) -> Any:
+    async def settle(
+        self, delivery: Delivery, lease: Lease | None, job: Job | None, step: Step
+    ) -> Any:
         """Run ``step(conn, row)`` in one transaction, when the held row is still ours."""
         if self.done and delivery.id in self.done:  # acked in its handler's transaction:
             self.done.discard(delivery.id)  # nothing is left to move (the job succeeded)
             return None
         async with self._b.pool.acquire() as c, c.transaction():
-            return await self.held(c, delivery, lease, step)
+            return await self.held(c, delivery, lease, job, step)
 
-    async def held(self, c: Any, delivery: Delivery, lease: Lease | None, step: Step) -> Any:
+    async def held(
+        self, c: Any, delivery: Delivery, lease: Lease | None, job: Job | None, step: Step
+    ) -> Any:
         """In transaction ``c``: lock the held row and release the job's lease when ``lease``
         (or, without a live lease, this consumer) still holds it, then ``step(c, row)``;
         None, touching nothing, when another holder has it now."""
         s = self._s
+        if job is not None:
+            # The job's record first, then its lease, then its row: the order every
+            # statement that starts or settles a job locks them in (``start_many.sql``,
+            # ``ack_many.sql``), so a resumed ex-holder's settle and the new holder's start
+            # or ack of the same job wait for each other in turn, never in a cycle (a
+            # deadlock the server broke by failing one of them).
+            await c.execute(statement("record_lock", s), self._b.queue, job.id, 0.0)
         row = await c.fetchrow(statement("take", s), int(delivery.id))
         if row is None:
             return None
@@ -85,17 +98,26 @@ class Settles:
             await c.execute(f'DELETE FROM "{s}".aqw_jobs WHERE id = $1', int(delivery.id))
             await c.execute(statement("bump", s), queue, "processed", shard())
             now = time.time()
-            if job.key is not None and record_ttl > 0:
+            done = completion_key(job)  # a debounce key is no idempotency key
+            if done is not None and record_ttl > 0:
                 put = statement("key_put", s)
-                await c.execute(put, queue, "done", job.key, job.id, now + record_ttl, now)
+                await c.execute(put, queue, "done", done, job.id, now + record_ttl, now)
             end = {**Finish(keep_for=keep_for).fields(self._b.consumer, now), "state": "succeeded"}
             await self._records.ended(c, job, end, keep_for)
             return True
 
         async with self._b.pool.acquire() as c:
+            c.lent()  # the handler may leave session state: the full reset at release
             async with c.transaction():
+                # The handler may wait on anything inside its transaction: no idle bound.
+                await c.execute("SET LOCAL idle_in_transaction_session_timeout = 0")
                 yield c
-                if not await self.held(c, delivery, lease, step):
+                # The fenced ack locks the job's row, its lease and a shared counter: a
+                # holder frozen before the commit must not keep them (``_connection.py``).
+                await c.execute(
+                    f"SET LOCAL idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION}'"
+                )
+                if not await self.held(c, delivery, lease, job, step):
                     raise LeaseLost(lease.key, "another holder has the job: its writes roll back")
             self.done.add(delivery.id)
 
@@ -124,7 +146,7 @@ class Settles:
             await c.execute("SELECT pg_notify($1, '')", self._channel)
             return True
 
-        return bool(await self.settle(delivery, lease, step))
+        return bool(await self.settle(delivery, lease, job, step))
 
     async def give_back(self, delivery: Delivery, lease: Lease | None, job: Job | None) -> bool:
         async def step(c: Any, row: Any) -> bool:
@@ -135,7 +157,7 @@ class Settles:
             await c.execute("SELECT pg_notify($1, '')", self._channel)
             return True
 
-        return bool(await self.settle(delivery, lease, step))
+        return bool(await self.settle(delivery, lease, job, step))
 
     async def dead_letter(
         self,
@@ -170,5 +192,5 @@ class Settles:
                 await self._records.ended(c, job, end, keep_for)
             return str(entry)
 
-        entry: str | None = await self.settle(delivery, lease, step)
+        entry: str | None = await self.settle(delivery, lease, job, step)
         return entry

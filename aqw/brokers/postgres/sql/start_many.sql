@@ -1,6 +1,8 @@
 -- Many job starts in one statement (distinct lease keys): $1 queue, $2 job ids, $3 their
 -- lease keys, $4 tokens, $5 ttls in ms, $6 what a missing record starts with (JSON), $7 the
--- running record's fields but the fencing token (JSON), $8 its expiry. Each job's live record is locked;
+-- running record's fields but the fencing token (JSON), $8 its expiry. Each job's live record is locked,
+-- in job id order, before its lease (the order every start and settle locks a job's record, lease
+-- and row in: two statements on the same jobs wait for each other in turn, never in a cycle);
 -- a cancelled job comes back 'cancelled', an ended one 'ended', taking nothing; the others
 -- take their lease (free, expired or held by their token), and for each lease taken the
 -- record reads running with the lease's fencing token. Every job comes back: its status and
@@ -11,6 +13,7 @@ WITH req AS (
 ), rec AS (
     SELECT r.job_id, r.fields FROM {schema}.aqw_records AS r JOIN req USING (job_id)
     WHERE r.queue = $1 AND r.until > extract(epoch FROM clock_timestamp())
+    ORDER BY r.job_id
     FOR UPDATE OF r
 ), checked AS (
     SELECT req.*, CASE
@@ -22,6 +25,7 @@ WITH req AS (
     INSERT INTO {schema}.aqw_leases AS l (key, token, expires_at)
     SELECT key, token, extract(epoch FROM clock_timestamp()) + ms / 1000.0
     FROM checked WHERE status = 'go'
+    ORDER BY key
     ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at
     WHERE l.expires_at <= extract(epoch FROM clock_timestamp()) OR l.token = EXCLUDED.token
     RETURNING l.key, nextval('{schema}.aqw_fence') AS fence
