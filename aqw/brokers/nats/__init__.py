@@ -23,12 +23,17 @@ How aqw's model maps onto JetStream (``docs/brokers/nats.md`` for the whole stor
   ``-NAK``: the same message, at once. ``MaxDeliver`` (``max_deliver=``, default unbounded)
   is the server's bound; aqw's own (``max_deliveries``) dead-letters first, with the reason.
 - **Dead letters** in the ``AQW_q_DLQ`` stream (``_dead.py``).
-- **Idempotency keys and completion records** in the ``AQW_q_KEYS`` bucket (``_keys.py``).
+- **Idempotency keys and completion records** in the ``AQW_q_KEYS`` bucket (``_keys.py``):
+  a pending claim holds its job until the publish is confirmed (``_unique.py``), so a
+  producer killed between the two leaves a job the next enqueue of the key publishes (dedup
+  by ``Nats-Msg-Id``).
 - **Job records** in the ``AQW_q_RECORDS`` bucket (``_records.py``), worker heartbeats and
   schedule marks in ``AQW_q_STATE`` (``_state.py``): shared by every process. The start step
   is ``_start.py``; rate limits and per-key caps, by compare-and-set in ``AQW_q_STATE``, are
-  ``_limits.py``. The dashboard's depth samples are ``AQW_q_DEPTH`` (``_history.py``). No
-  debounce (refused in one line).
+  ``_limits.py``; limits changed at run time are one key of ``AQW_q_STATE``
+  (``_run_limits.py``). The dashboard's depth samples are ``AQW_q_DEPTH`` (``_history.py``).
+- **Debounce**: the key's waiting job in ``AQW_q_KEYS``, changed by compare-and-set, and a
+  timer in the delayed stream (``_debounce.py``).
 - Priority levels 0-9: a subject and a consumer per level, announced in ``AQW_q_STATE``
   and watched (``_levels.py``).
 """

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from functools import partial
 from urllib.parse import urlsplit
 
 from nats.aio.client import Client
@@ -15,10 +16,11 @@ from ...flow import Limits, completion_key
 from ...job import Job
 from ...lease import Lease, LeaseBackend
 from ..base import Broker
-from ..messages import DEPTH_KEEP, DeadJob, Delivery, Failure, Finish, QueueDepth, failure_fields
+from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth, failure_fields
 from ..parts import StartLimits
 from . import _dead
 from ._dead import DeadLetters
+from ._debounce import KvDebounce
 from ._delayed import Delayed
 from ._history import KvDepthHistory
 from ._keys import Keys
@@ -26,19 +28,23 @@ from ._layout import (
     TRANSIENT,
     Layout,
     Settings,
-    bucket,
     check_queue,
     ensure_consumer,
+    open_buckets,
     open_queue,
+    settled_or_closed,
     warn_durability,
 )
 from ._leases import KvLeaseBackend
 from ._levels import NatsLevels
 from ._limits import KvLimiter
-from ._records import MAX_AGE, KvJobRecords
+from ._pull import NoWaitPull
+from ._records import KvJobRecords
+from ._run_limits import KvRunLimits
 from ._start import NatsStart, still_ours
 from ._state import KvScheduleMarks, KvWorkerStatus
-from ._window import Held, Windows
+from ._unique import UniqueEnqueue
+from ._window import RECORD_REVISION, Held, Windows
 
 #: The AckWait of a queue whose workers said nothing longer (seconds).
 DEFAULT_ACK_WAIT = 30.0
@@ -56,21 +62,26 @@ class NatsBroker(Broker):
     """Queue ``queue`` on the JetStream servers ``servers`` (``nats://host:port`` each)."""
 
     system = "nats"
+    # The counts come from several consumers' and streams' info, read one after another.
+    depth_lag = 2.0
     transient_errors = TRANSIENT
 
     def __init__(
         self, queue: str, servers: Sequence[str], settings: Settings | None = None
     ) -> None:
-        self._records = KvJobRecords(check_queue(queue), self._records_bucket)
+        self._records = KvJobRecords(check_queue(queue), partial(self._kv, "records"))
+        self._debouncer = KvDebounce(Layout(queue), partial(self._js_kv, "keys"), self._records)
         super().__init__(
             queue,
             records=self._records,
-            status=KvWorkerStatus(self._state),
-            marks=KvScheduleMarks(self._state),
-            history=KvDepthHistory(self.depth, self._depth_parts, Layout(queue)),
+            status=KvWorkerStatus(partial(self._kv, "state")),
+            marks=KvScheduleMarks(partial(self._kv, "state")),
+            history=KvDepthHistory(self.depth, partial(self._js_kv, "depth"), Layout(queue)),
+            debounce=self._debouncer,
             flow_limits=StartLimits(shared=True),
         )
         self.servers = list(servers)
+        self._run_limits = self.run_limits = KvRunLimits(partial(self._kv, "state"))
         self.settings = settings or Settings()
         self.names = Layout(queue)
         self._want_ack_wait = self.settings.ack_wait or DEFAULT_ACK_WAIT
@@ -80,30 +91,22 @@ class NatsBroker(Broker):
         self._sub: JetStreamContext.PullSubscription | None = None
         self._leases: KvLeaseBackend | None = None
         self._keys: Keys | None = None
-        self._state_kv: KeyValue | None = None
-        self._records_kv: KeyValue | None = None
-        self._depth_kv: KeyValue | None = None
+        self._buckets: dict[str, KeyValue] = {}  # layout.open_buckets
         self._limiter: KvLimiter | None = None
         self._dlq: DeadLetters | None = None
         self._delayed: Delayed | None = None
+        self._unique: UniqueEnqueue | None = None
         self.levels: NatsLevels | None = None
         self._counts: dict[str, int] = {}
         self._connecting = asyncio.Lock()
 
-    async def _state(self) -> KeyValue:
+    async def _kv(self, name: str) -> KeyValue:
         await self.connect()
-        assert self._state_kv is not None
-        return self._state_kv
+        return self._buckets[name]
 
-    async def _records_bucket(self) -> KeyValue:
-        await self.connect()
-        assert self._records_kv is not None
-        return self._records_kv
-
-    async def _depth_parts(self) -> tuple[JetStreamContext, KeyValue]:
-        await self.connect()
-        assert self._depth_kv is not None
-        return self._jet(), self._depth_kv
+    async def _js_kv(self, name: str) -> tuple[JetStreamContext, KeyValue]:
+        kv = await self._kv(name)
+        return self._jet(), kv
 
     def describe(self) -> str:
         hosts = ",".join(urlsplit(s).hostname or "?" for s in self.servers)
@@ -119,6 +122,7 @@ class NatsBroker(Broker):
     async def start_consuming(self, consumer: str) -> None:
         """The queue's AckWait raised to the workers' longest lease TTL, now known."""
         await super().start_consuming(consumer)
+        await self._run_limits.refresh()  # the limits changed at run time, then every 0.5 s
         want, names, js = self._want_ack_wait, self.names, self._js
         if js is not None and self.settings.ack_wait is None and want > self._windows.ack_wait:
             args = (names.stream, names.consumer, names.subject, want, False)
@@ -140,25 +144,35 @@ class NatsBroker(Broker):
             self.servers, self.names, self.settings, self._want_ack_wait, REPLY_TIMEOUT * 2
         )
         self._windows.set_ack_wait(ack_wait)
+        # a bucket made while a cluster's node is down or rejoining can be refused for a
+        # moment (no peers for placement): tried again, as the streams are
+        await settled_or_closed(nc, lambda: self._open_parts(nc, js))
+        self._nc, self._js = nc, js
+        warn_durability(nc, replicas, _warned)
+
+    async def _open_parts(self, nc: Client, js: JetStreamContext) -> None:
+        """The buckets, the dead letters, the promoter, the priority levels' watch and the
+        subscription, on a connection whose streams and consumers are ready."""
         names, settings = self.names, self.settings
-        self._leases = KvLeaseBackend(await bucket(js, names.leases_bucket, settings.replicas))
-        self._keys = Keys(await bucket(js, names.keys_bucket, settings.replicas))
-        self._state_kv = await bucket(js, names.state_bucket, settings.replicas)
-        self._limiter = KvLimiter(self._state_kv, self._leases)
-        self._records_kv = await bucket(js, names.records_bucket, settings.replicas, MAX_AGE)
-        self._depth_kv = await bucket(js, names.depth_bucket, settings.replicas, DEPTH_KEEP)
+        self._buckets.update(await open_buckets(js, names, settings.replicas))
+        self._leases = KvLeaseBackend(self._buckets["leases"])
+        self._keys = Keys(self._buckets["keys"])
+        state = self._buckets["state"]
+        self._limiter = KvLimiter(state, self._leases)
         self._dlq = DeadLetters(js, names)
-        promoter = await js.pull_subscribe_bind(names.promoter, names.delayed_stream)
-        self._delayed = Delayed(js, names, promoter)
-        levels = NatsLevels(js, self._state_kv, names, self._windows, settings.max_deliver)
+        promoter = NoWaitPull(nc, names.delayed_stream, names.promoter)
+        self._delayed = Delayed(js, names, promoter, self._debouncer.promote)
+        self._unique = UniqueEnqueue(
+            self._keys, self._records, js, names, self._delayed, self._announce
+        )
+        levels = NatsLevels(nc, js, state, names, self._windows, settings.max_deliver)
         levels.exact = settings.ack_wait is not None
         await levels.start()
         self.levels = levels
         self._sub = await js.pull_subscribe_bind(names.consumer, names.stream)
-        self._nc, self._js = nc, js
-        warn_durability(nc, replicas, _warned)
 
     async def close(self) -> None:
+        await self._run_limits.stop()
         nc, self._nc, self._sub = self._nc, None, None
         if self.levels is not None:
             await self.levels.stop()
@@ -178,9 +192,17 @@ class NatsBroker(Broker):
     async def publish(self, jobs: Sequence[Job]) -> None:
         await self._announce(jobs)
         names = self.names
-        await asyncio.gather(*(self._records.enqueued(j) for j in jobs))
+        revisions = await asyncio.gather(*(self._records.enqueued(j) for j in jobs))
         await asyncio.gather(
-            *(self._send(names.subject_for(j.priority), names.stream, j.encode()) for j in jobs)
+            *(
+                self._send(
+                    names.subject_for(j.priority),
+                    names.stream,
+                    j.encode(),
+                    **({} if rev is None else {RECORD_REVISION: str(rev)}),
+                )
+                for j, rev in zip(jobs, revisions, strict=True)
+            )
         )
 
     async def _announce(self, jobs: Sequence[Job]) -> None:
@@ -200,17 +222,10 @@ class NatsBroker(Broker):
         await self._delayed.add([j.encode() for j in jobs], run_at)
 
     async def publish_unique(self, job: Job, ttl: float, run_at: float | None) -> tuple[str, bool]:
-        assert job.key is not None
+        """The key claimed pending, the job published, the claim confirmed (``_unique.py``)."""
         await self.connect()
-        assert self._keys is not None
-        holder = await self._keys.claim(job.key, job.id, ttl)
-        if holder is not None:
-            return holder, True
-        if run_at is None:
-            await self.publish([job])
-        else:
-            await self.schedule([job], run_at)
-        return job.id, False
+        assert self._unique is not None
+        return await self._unique.publish(job, ttl, run_at)
 
     async def is_completed(self, job: Job) -> bool:
         key = completion_key(job)
@@ -258,7 +273,16 @@ class NatsBroker(Broker):
     ) -> LeaseBackend:
         check = still_ours(self._windows, lambda d: self.ack(d, None, None), delivery)
         flow = (self._limiter, limits) if limits and self._limiter is not None else None
-        return NatsStart(self.lease_backend(), self._records, job, self.consumer, check, flow)
+        revision = None if delivery is None else delivery.attributes.get(RECORD_REVISION)
+        return NatsStart(
+            self.lease_backend(),
+            self._records,
+            job,
+            self.consumer,
+            check,
+            flow,
+            int(revision) if revision and revision.isdigit() else None,
+        )
 
     # -- settling -------------------------------------------------------------------------
 

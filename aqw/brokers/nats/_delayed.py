@@ -2,23 +2,31 @@
 stream, their due time (seconds since the epoch) in the ``Aqw-Due`` header, until
 ``promote_due`` moves them to the queue: a due one is published under ``Nats-Msg-Id``
 ``due.<seq>`` (a move repeated after a crash is dropped as a duplicate) then acked; one not
-due yet is nak'd with a delay of the time left, so the server hands it back at its time."""
+due yet is nak'd with a delay of the time left, so the server hands it back at its time, to
+the next pass of any worker (a pass pulls without waiting: ``_pull.py``)."""
 
 from __future__ import annotations
 
 import asyncio
 import heapq
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from ..local.priorities import level_of
 from ._layout import Layout
+from ._pull import NoWaitPull
 
 #: The header of a delayed job's due time.
 DUE = "Aqw-Due"
+
+#: The header that marks a debounce timer (``_debounce.py``).
+TIMER = "Aqw-Debounce"
+
+#: A debounce timer's turn: None when done with (ack it), else the time it waits for now.
+Timers = Callable[[bytes], Awaitable[float | None]]
 
 
 def _due(msg: Msg) -> float:
@@ -31,10 +39,11 @@ def _due(msg: Msg) -> float:
 class Delayed:
     """The delayed stream's writes and its promoter (``promoter`` consumer)."""
 
-    def __init__(self, js: JetStreamContext, names: Layout, sub: JetStreamContext.PullSubscription):
+    def __init__(self, js: JetStreamContext, names: Layout, pull: NoWaitPull, timers: Timers):
         self._js = js
         self._names = names
-        self._sub = sub
+        self._pull = pull
+        self._timers = timers
         #: Due times this process knows of, soonest first (what ``promote`` returns).
         self._dues: list[float] = []
         #: One pass at a time on the shared subscription (the workers of one broker).
@@ -50,22 +59,26 @@ class Delayed:
         heapq.heappush(self._dues, run_at)
 
     async def promote(self, reply_timeout: float) -> float | None:
-        """Move the due jobs; seconds until the next known due time, or None. The
-        workers of one broker share its ``promoter`` subscription: their passes take
-        turns, since concurrent fetches on one pull subscription lose messages (module
-        docstring)."""
+        """Move the due jobs; seconds until the next known due time, or None. Each pass
+        pulls what is there without waiting (``NoWaitPull``: nothing is left open on the
+        server to take a delivery after the pass); the workers of one broker take turns."""
         async with self._promoting:
             return await self._promote(reply_timeout)
 
     async def _promote(self, reply_timeout: float) -> float | None:
-        try:
-            msgs = await self._sub.fetch(256, timeout=0.05)
-        except TimeoutError:  # nats.errors.TimeoutError is one: nothing came
-            msgs = []
+        msgs = await self._pull.take(256, reply_timeout)
         now = time.time()
         names = self._names
         for msg in msgs:
             due = _due(msg)
+            if due <= now and TIMER in (msg.headers or {}):
+                later = await self._timers(msg.data)  # a debounce timer: its key decides
+                if later is None:
+                    await msg.ack_sync(timeout=reply_timeout)
+                    continue
+                await msg.nak(delay=max(0.001, later - time.time()))
+                heapq.heappush(self._dues, later)
+                continue
             if due > now:
                 await msg.nak(delay=due - now)
                 heapq.heappush(self._dues, due)

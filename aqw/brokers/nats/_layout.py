@@ -26,7 +26,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import nats
 import nats.errors
@@ -46,6 +48,8 @@ from nats.js.kv import KeyValue
 
 from ...errors import ConfigError
 from ..base import Broker
+from ..messages import DEPTH_KEEP
+from ._records import MAX_AGE
 
 log = logging.getLogger("aqw.brokers.nats")
 
@@ -65,8 +69,36 @@ TRANSIENT: tuple[type[BaseException], ...] = (
     nats.js.errors.NoStreamResponseError,  # a stream's leader moving (a node lost)
 )
 
+T = TypeVar("T")
+
 #: How many times connecting tries the JetStream API calls that make the queue ready.
 SETUP_TRIES = 4
+
+#: JetStream's answers while a cluster is short of a peer or between leaders (a node killed
+#: or rejoining): "no suitable peers for placement" (10005), "JetStream system temporarily
+#: unavailable" (10008), "cluster can not handle request" (10009). Setting up tries them again.
+SETTLING_CODES = frozenset({10005, 10008, 10009})
+
+
+def settling(exc: BaseException) -> bool:
+    """``exc`` is an answer a cluster gives while it settles, worth a later try."""
+    if isinstance(exc, TimeoutError | nats.js.errors.ServiceUnavailableError):
+        return True
+    return isinstance(exc, nats.js.errors.APIError) and exc.err_code in SETTLING_CODES
+
+
+async def settled(step: Callable[[], Awaitable[T]]) -> T:
+    """``step()``, tried again (``SETUP_TRIES`` in all, backing off) while the cluster answers
+    as one that settles (``settling``); any other error, or the last, is raised."""
+    for attempt in range(SETUP_TRIES):
+        try:
+            return await step()
+        except Exception as exc:
+            if attempt == SETUP_TRIES - 1 or not settling(exc):
+                raise
+        await asyncio.sleep(0.5 * (attempt + 1))
+    raise AssertionError("unreachable")
+
 
 #: Seconds within which a publish with the same ``Nats-Msg-Id`` is dropped as a duplicate.
 DUPLICATE_WINDOW = 120.0
@@ -144,10 +176,11 @@ class Layout:
     promoter = "promoter"
 
 
-#: The ``promoter`` consumer's AckWait: a delayed job's delivery the promoter never saw (a
-#: nak'd job's redelivery lost on its way to the pull subscription) comes back this soon,
-#: not after 30 s; a pass acks or naks each delivery at once, and a move repeated after a
-#: late ack is dropped as a duplicate (``due.<seq>``).
+#: The ``promoter`` consumer's AckWait: a backstop. A delayed job's delivery the promoter
+#: never handled (a pass whose answer came after its wait, a worker killed mid-pass) comes
+#: back this soon, not after 30 s; a pass acks or naks each delivery at once, and a move
+#: repeated after a late ack is dropped as a duplicate (``due.<seq>``). The pulls that could
+#: leave a delivery with a stopped process are gone (``_pull.py``, docs/brokers/nats.md).
 PROMOTER_ACK_WAIT = 5.0
 
 
@@ -263,6 +296,18 @@ async def bucket(
         )
 
 
+async def open_buckets(js: JetStreamContext, names: Layout, replicas: int) -> dict[str, KeyValue]:
+    """The queue's buckets by role (``leases``, ``keys``, ``state``, ``records``, ``depth``),
+    each created when missing; records and depth samples expire."""
+    return {
+        "leases": await bucket(js, names.leases_bucket, replicas),
+        "keys": await bucket(js, names.keys_bucket, replicas),
+        "state": await bucket(js, names.state_bucket, replicas),
+        "records": await bucket(js, names.records_bucket, replicas, MAX_AGE),
+        "depth": await bucket(js, names.depth_bucket, replicas, DEPTH_KEEP),
+    }
+
+
 def durability_note(version: str, replicas: int) -> str | None:
     """The warning to log once at start when an acknowledged write may not be on disk, or
     None. nats-server syncs its file store to disk every 2 minutes by default; 2.9.x has no
@@ -299,35 +344,44 @@ async def open_queue(
     )
     js = nc.jetstream(timeout=timeout)
     exact = settings.ack_wait is not None
-    for attempt in range(SETUP_TRIES):
-        try:
-            await ensure_streams(js, names, settings)
-            window = await ensure_consumer(
-                js,
-                names.stream,
-                names.consumer,
-                names.subject,
-                ack_wait,
-                exact,
-                settings.max_deliver,
-            )
-            await ensure_consumer(
-                js,
-                names.delayed_stream,
-                names.promoter,
-                names.delayed_subject,
-                PROMOTER_ACK_WAIT,
-                True,
-            )
-            info = await js.stream_info(names.stream)  # as it is: made here or before
-            return nc, js, window, int(info.config.num_replicas or 1)
-        except (TimeoutError, nats.js.errors.ServiceUnavailableError):
-            # A cluster electing its leaders (just started, or a node lost) answers late.
-            if attempt == SETUP_TRIES - 1:
-                await nc.close()
-                raise
-            await asyncio.sleep(0.5 * (attempt + 1))
-    raise AssertionError("unreachable")
+
+    async def ready() -> tuple[float, int]:
+        await ensure_streams(js, names, settings)
+        window = await ensure_consumer(
+            js,
+            names.stream,
+            names.consumer,
+            names.subject,
+            ack_wait,
+            exact,
+            settings.max_deliver,
+        )
+        await ensure_consumer(
+            js,
+            names.delayed_stream,
+            names.promoter,
+            names.delayed_subject,
+            PROMOTER_ACK_WAIT,
+            True,
+        )
+        info = await js.stream_info(names.stream)  # as it is: made here or before
+        return window, int(info.config.num_replicas or 1)
+
+    window, replicas = await settled_or_closed(nc, ready)
+    return nc, js, window, replicas
+
+
+async def settled_or_closed(nc: Client, step: Callable[[], Awaitable[T]]) -> T:
+    """``settled(step)`` on the new connection ``nc``, closed when it fails; a cluster still
+    settling after every try is unreachable for now (``ConnectionError``), as a worker's
+    start (and ``aqw worker --wait-for-broker``) takes it."""
+    try:
+        return await settled(step)
+    except BaseException as exc:
+        await nc.close()
+        if isinstance(exc, Exception) and settling(exc) and not isinstance(exc, TimeoutError):
+            raise ConnectionError(f"JetStream is not ready: {exc}") from exc
+        raise
 
 
 def warn_durability(nc: Client, replicas: int, warned: set[str]) -> None:

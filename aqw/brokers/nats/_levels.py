@@ -11,7 +11,9 @@ a new level as soon as it is announced, without a scan and without a round trip 
 a queue that never uses levels pays one subscription per connection, nothing per job.
 
 A fetch reads the stream's message count per subject (one round trip), then the levels
-that hold messages highest first, each without waiting (a short pull), and when every
+that hold messages highest first, each with a pull the server answers at once with what the
+level holds (``NoWaitPull``: a short timed pull came back empty from a level that held jobs
+when the machine was busy, and the pass went on to a lower level), and when every
 level is empty waits on the highest level in slices of ``SLICE`` seconds,
 re-reading the others between slices: a job of a lower level waits at most one slice when
 the queue is idle. The priority share starts about that fraction of the fetches from the
@@ -20,26 +22,34 @@ lowest level with jobs waiting (``ShareCredit``)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Iterable
 
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 
+from ..._cancel import stop_task
 from ..local.priorities import ShareCredit
 from ..messages import Delivery
 from ._layout import Layout, ensure_consumer
+from ._pull import NoWaitPull
 from ._window import Windows, pull
 
 #: Seconds the watch of the levels may take to list those announced before.
 LIST_TIMEOUT = 5.0
 #: The longest a fetch waits on the highest level before it looks at the others again.
 SLICE = 0.1
-#: Seconds a look at one level waits for a message (a pull request cannot be no-wait here).
+#: The longest a look at one level waits for the server's answer (it answers at once).
+PEEK_ANSWER = 2.0
+#: Seconds a look waits for what a level's pull subscription has buffered already.
 PEEK = 0.01
+#: The longest one pull request of a plain queue's fetch waits: a longer block is several
+#: pulls. A pull request lost with its server (killed, restarted) is waited out to its end
+#: by nats-py, so this bounds how long a worker sits on a dead request after a reconnect.
+PULL_SLICE = 0.25
 
 #: The AckWait a producer gives a level's consumer it creates (the workers raise it to
 #: their lease window when they find the level).
@@ -58,12 +68,14 @@ class NatsLevels:
 
     def __init__(
         self,
+        nc: Client,
         js: JetStreamContext,
         kv: KeyValue,
         names: Layout,
         windows: Windows,
         max_deliver: int,
     ) -> None:
+        self._nc = nc
         self._js = js
         self._kv = kv
         self._names = names
@@ -71,6 +83,8 @@ class NatsLevels:
         self._max_deliver = max_deliver
         #: The levels above 0 known here, highest first, with their pull subscriptions.
         self._subs: dict[int, JetStreamContext.PullSubscription] = {}
+        #: The no-wait looks at each level, level 0 too.
+        self._peeks: dict[int, NoWaitPull] = {0: NoWaitPull(nc, names.stream, names.consumer)}
         self.active: tuple[int, ...] = ()
         self._announced: set[int] = set()
         #: The levels the watch has seen announced.
@@ -129,9 +143,7 @@ class NatsLevels:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_task(task)
 
     async def refresh(self) -> None:
         """Bind to the consumers of the levels the watch found that are new here, their
@@ -143,6 +155,7 @@ class NatsLevels:
             durable = names.consumer_for(level)
             await self.set_ack_wait(level, self._windows.ack_wait)
             self._subs[level] = await self._js.pull_subscribe_bind(durable, names.stream)
+            self._peeks[level] = NoWaitPull(self._nc, names.stream, durable)
         self.active = tuple(sorted(self._subs, reverse=True))
 
     async def set_ack_wait(self, level: int, ack_wait: float) -> None:
@@ -166,11 +179,28 @@ class NatsLevels:
         except asyncio.CancelledError:
             self._windows.cancelled(sent, max(wait, 0.01))
             raise
+        return self._received(msgs, sent, level)
+
+    def _received(self, msgs: list[Msg], sent: float, level: int) -> list[Delivery]:
         out = self._windows.received(msgs, sent)
         if level:
             for d in out:
                 d.level = level
         return out
+
+    async def _peek(
+        self, sub: JetStreamContext.PullSubscription, level: int, count: int
+    ) -> list[Delivery]:
+        """Up to ``count`` deliveries of what ``level`` holds now, without waiting for any:
+        first those a timed pull of ``sub`` that ended on the client left in its buffer,
+        then a no-wait pull (a message of a look cancelled on its way comes back after its
+        AckWait)."""
+        got = await self._pull(sub, level, count, PEEK) if sub.pending_msgs else []
+        if len(got) < count:
+            sent = time.monotonic()
+            msgs = await self._peeks[level].take(count - len(got), PEEK_ANSWER)
+            got += self._received(msgs, sent, level)
+        return got
 
     async def _pass(
         self, base: JetStreamContext.PullSubscription, count: int, share: float
@@ -187,14 +217,14 @@ class NatsLevels:
         got: list[Delivery] = []
         if self._credit.turn(share):
             for level, sub in reversed(order):
-                got = await self._pull(sub, level, count, PEEK)
+                got = await self._peek(sub, level, count)
                 if got:
                     order = [(lv, s) for lv, s in order if lv != level]
                     break
         for level, sub in order:
             if len(got) >= count:
                 break
-            got += await self._pull(sub, level, count - len(got), PEEK)
+            got += await self._peek(sub, level, count - len(got))
         return got
 
     async def _held_subjects(self) -> dict[str, int]:
@@ -211,7 +241,12 @@ class NatsLevels:
         several). A queue with one level pulls from its consumer, as without levels."""
         await self.refresh()
         if not self.active:
-            return await self._pull(base, 0, count, block)
+            deadline = time.monotonic() + block
+            while True:  # in slices: a request lost with a server holds up one slice
+                left = deadline - time.monotonic()
+                got = await self._pull(base, 0, count, min(PULL_SLICE, left))
+                if got or left <= PULL_SLICE:
+                    return got
         deadline = time.monotonic() + block
         top = self.active[0]
         while True:

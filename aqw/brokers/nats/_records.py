@@ -21,7 +21,13 @@ from nats.js.kv import KeyValue
 
 from ...errors import JobCancelled, StaleStart, UnknownJob
 from ...job import Job
-from ...record import DEFAULT_KEEP_FOR, FINAL_STATES, UNFINISHED_KEEP, JobInfo, stamp
+from ...record import (
+    DEFAULT_KEEP_FOR,
+    FINAL_STATES,
+    UNFINISHED_KEEP,
+    JobInfo,
+    queued_fields,
+)
 from ..local.records import RUNNING_FIELDS, running_state
 from ..messages import CancelOutcome
 from ._leases import kv_key
@@ -142,24 +148,33 @@ class KvJobRecords:
 
     # -- the job's steps ------------------------------------------------------------------
 
-    async def enqueued(self, job: Job, run_at: float | None = None) -> None:
+    async def enqueued(self, job: Job, run_at: float | None = None) -> int | None:
+        """Write the record of a job just enqueued; its revision when it now holds exactly
+        ``queued_fields(job)`` (a job due now), for the job's message to carry: its worker's
+        start then writes the record at once, without reading it first (``started``)."""
         now = time.time()
         due = run_at if run_at is not None and run_at > now else None
-        fields = {
-            "state": "delayed" if due is not None else "queued",
-            "task": job.task,
-            "attempts": str(job.attempt - 1),
-            "enqueued_at": repr(job.enqueued_at),
-            "run_at": stamp(due),
-            "expires_at": stamp(job.expires_at),
-            "key": job.key or "",
-        }
+        fields = queued_fields(job, due)
         keep = UNFINISHED_KEEP + (due - now if due else 0.0)
         await self._change(job.id, lambda _: (fields, keep), fresh=job.attempt == 1)
+        got = self._known.get(job.id)
+        return got[1] if due is None and got is not None and got[0] is fields else None
 
-    async def started(self, job: Job, worker: str, fence: int, lease_expires_at: float) -> None:
+    async def started(
+        self,
+        job: Job,
+        worker: str,
+        fence: int,
+        lease_expires_at: float,
+        enqueued_revision: int | None = None,
+    ) -> None:
         """Mark the job running under ``fence``; ``JobCancelled`` or ``StaleStart`` (ended)
-        when the record says so at the write, changing nothing."""
+        when the record says so at the write, changing nothing. ``enqueued_revision``: the
+        revision its producer wrote (``enqueued``, carried by the job's message): the write
+        goes at once against it, and only a record changed since (a cancel, another
+        start) is read first."""
+        if enqueued_revision is not None and job.id not in self._known:
+            self._known[job.id] = (queued_fields(job, None), enqueued_revision)
 
         def step(fields: Fields | None) -> tuple[Fields, float]:
             if fields is not None and (

@@ -56,7 +56,16 @@ class NatsStart:
     """A job's lease backend whose ``acquire`` is the start step (module docstring) and
     whose ``renew`` moves the record's lease expiry on."""
 
-    __slots__ = ("_delivery", "_fence", "_flow", "_job", "_leases", "_records", "_worker")
+    __slots__ = (
+        "_delivery",
+        "_enqueued_revision",
+        "_fence",
+        "_flow",
+        "_job",
+        "_leases",
+        "_records",
+        "_worker",
+    )
 
     def __init__(
         self,
@@ -66,7 +75,9 @@ class NatsStart:
         worker: str,
         delivery: DeliveryCheck | None,
         limits: tuple[KvLimiter, Limits] | None = None,
+        enqueued_revision: int | None = None,
     ) -> None:
+        self._enqueued_revision = enqueued_revision
         self._leases = leases
         self._flow = limits
         self._records = records
@@ -97,7 +108,9 @@ class NatsStart:
                 raise refused
         try:
             expires = time.time() + ttl_ms / 1000
-            await self._records.started(self._job, self._worker, fence, expires)
+            await self._records.started(
+                self._job, self._worker, fence, expires, self._enqueued_revision
+            )
         except StaleStart:
             await self._leases.release(key, token)
             if mine is not None:

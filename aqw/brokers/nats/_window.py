@@ -18,6 +18,10 @@ from nats.js import JetStreamContext
 
 from ..messages import Delivery
 
+#: The header of a job's message naming the revision of its record as its producer wrote it
+#: (``KvJobRecords.enqueued``): the job's start writes the record against it, without a read.
+RECORD_REVISION = "Aqw-Record-Revision"
+
 
 @dataclass(slots=True)
 class Held:
@@ -69,7 +73,11 @@ class Windows:
             entry_id, count = str(meta.sequence.stream), meta.num_delivered
             held = Held(msg, count, start + self.ack_wait)
             self._held[entry_id] = held
-            out.append(Delivery(entry_id, msg.data, delivery_count=count, receipt=held))
+            delivery = Delivery(entry_id, msg.data, delivery_count=count, receipt=held)
+            revision = msg.headers.get(RECORD_REVISION) if msg.headers else None
+            if revision is not None:
+                delivery.attributes[RECORD_REVISION] = revision
+            out.append(delivery)
         return out
 
     def hold(self, delivery: Delivery) -> Held | None:

@@ -6,6 +6,8 @@ again after a crash or a lost lease writes nothing the second time."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import random
 import sys
 
@@ -18,6 +20,8 @@ DSN = "postgresql://postgres@127.0.0.1:5432/test"
 
 
 async def main() -> None:
+    if os.environ.get("AQW_CHAOS_LOG"):  # what each worker did, timed (the drain figures)
+        logging.basicConfig(level=logging.INFO, format="%(created).3f %(process)d %(message)s")
     url, queue, table = sys.argv[1:4]
     extra = sys.argv[4] if len(sys.argv) > 4 else ""  # more URL options, e.g. "&replicas=3"
     pool = await asyncpg.create_pool(DSN, min_size=1, max_size=10)

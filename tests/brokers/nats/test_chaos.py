@@ -80,6 +80,18 @@ async def test_kills_of_workers_and_of_the_server_lose_nothing_and_apply_nothing
         for start in range(0, JOBS, 100):  # 100 records' creates at a time: within the
             await producer.broker.publish(jobs[start : start + 100])  # timeout, however loaded
         await producer.broker.close()
+        started = time.monotonic()
+        timeline: list[str] = []  # applied count every 0.5 s, with the faults marked
+
+        watch = await asyncpg.connect(DSN)
+
+        async def sample() -> None:
+            while True:
+                n = await watch.fetchval(f"SELECT count(*) FROM {table}")
+                timeline.append(f"{time.monotonic() - started:.1f}s:{n}")
+                await asyncio.sleep(0.5)
+
+        sampler = asyncio.create_task(sample())
         procs = [await spawn() for _ in range(WORKERS)]
         rng = random.Random(7)
         restarts_at = {KILLS // 3, 2 * KILLS // 3}
@@ -89,10 +101,12 @@ async def test_kills_of_workers_and_of_the_server_lose_nothing_and_apply_nothing
             procs[victim].kill()
             await procs[victim].wait()
             procs[victim] = await spawn()
+            timeline.append(f"kill{kill}")
             if kill in restarts_at:
                 private_server.kill()  # SIGKILL: no clean shutdown of the file store
                 await asyncio.sleep(0.5)
                 private_server.start()
+                timeline.append("server-restart")
         last_fault = time.monotonic()
 
         seen: list[int] = []
@@ -107,7 +121,12 @@ async def test_kills_of_workers_and_of_the_server_lose_nothing_and_apply_nothing
             check = aqw.App(f"{url}?queue={queue}&ack_wait=3").broker
             raise AssertionError(f"{seen[-1]} of {JOBS} applied; {await check.depth()}") from None
         drained_in = time.monotonic() - last_fault
-        print(f"drained {drained_in:.1f}s after the last fault")
+        at_fault = seen[0] if seen else 0
+        print(f"drained {drained_in:.1f}s after the last fault ({at_fault} of {JOBS} applied then)")
+        sampler.cancel()
+        await asyncio.gather(sampler, return_exceptions=True)
+        await watch.close()
+        print("applied, every 0.5 s from the first worker's start:", " ".join(timeline))
         twice = await db.fetch(
             f"SELECT job_id, count(*) FROM {table} GROUP BY job_id HAVING count(*) > 1"
         )
@@ -122,7 +141,23 @@ async def test_kills_of_workers_and_of_the_server_lose_nothing_and_apply_nothing
             d = await check.depth()
             return (d.waiting, d.in_flight, d.delayed, d.dead) == (0, 0, 0, 0)
 
-        await eventually(empty, 30, "the queue drained, nothing dead", interval=0.2)
+        try:
+            await eventually(empty, 30, "the queue drained, nothing dead", interval=0.2)
+        except AssertionError:
+            import nats
+
+            nc = await nats.connect(url)
+            js = nc.jetstream()
+            streams = [(i.config.name, i.state.messages) for i in await js.streams_info()]
+            consumers = [
+                (c.name, c.num_pending, c.num_ack_pending, c.num_redelivered)
+                for name, _ in streams
+                for c in await js.consumers_info(name)
+            ]
+            await nc.close()
+            raise AssertionError(
+                f"not empty: {await check.depth()}; streams {streams}; consumers {consumers}"
+            ) from None
         await check.close()
     finally:
         for proc in procs:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
 import aqw
+from tests._cli_runs import run_aqw
 from tests._helpers import run_burst
 
 from .conftest import URL
@@ -19,12 +19,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def cli(queue: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "aqw", *args, "--broker", URL, "--queue", queue],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_aqw([*args, "--broker", URL, "--queue", queue], timeout=60)
 
 
 async def test_status_dlq_and_job_commands(nats_queue: str) -> None:

@@ -44,11 +44,15 @@ JOBS = 1000
 
 
 async def _ready(url: str) -> bool:
-    """JetStream of the cluster answers (a meta leader is elected)."""
+    """JetStream of the cluster answers and places a stream on all three nodes (a meta leader
+    is elected and every peer has joined it)."""
     with contextlib.suppress(Exception):
         nc = await nats.connect(url, max_reconnect_attempts=0, connect_timeout=1)
         try:
-            await nc.jetstream(timeout=1).account_info()
+            js = nc.jetstream(timeout=2)
+            name = f"READY_{uuid.uuid4().hex[:8]}"
+            await js.add_stream(name=name, subjects=[f"ready.{name}"], num_replicas=3)
+            await js.delete_stream(name)
             return True
         finally:
             await nc.close()

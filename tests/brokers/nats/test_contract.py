@@ -1,6 +1,7 @@
 """The broker contract (``aqw.testing.contract``) on the NATS JetStream broker against the
 real server: the transport with its window lease (AckWait, ``Traits.window_lease``), and the
-parts it has (records, status, marks, the depth history and the flow limits, kept in NATS)."""
+parts it has (records, status, marks, the depth history, debounce and the flow limits,
+kept in NATS)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from aqw.brokers.base import Broker
 from aqw.testing.contract import (
+    DebounceContract,
     HistoryContract,
     LimitsContract,
     MarksContract,
@@ -60,4 +62,8 @@ class TestNatsHistory(HistoryContract):
 
 
 class TestNatsLimits(LimitsContract):
+    pass
+
+
+class TestNatsDebounce(DebounceContract):
     pass

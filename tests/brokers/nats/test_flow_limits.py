@@ -1,6 +1,6 @@
 """Rate limits and per-key caps on NATS JetStream: the tests every broker that enforces them
-passes (``tests/test_rate_limits.py``, ``tests/test_concurrency_caps.py``; not the
-debounced one: no debounce on NATS), run against the real server with a ``backend`` of
+passes (``tests/test_rate_limits.py``, ``tests/test_concurrency_caps.py``; the debounced
+one is in ``test_debounce.py``), run against the real server with a ``backend`` of
 this broker (``conftest.NatsBackend``)."""
 
 from __future__ import annotations

@@ -110,3 +110,45 @@ async def test_the_ack_window_grows_to_the_workers_longest_lease(nats_queue: str
     info = await short.broker._js.consumer_info(f"AQW_{nats_queue}", "aqw")  # type: ignore[attr-defined]
     assert info.config.ack_wait == 45.0
     await short.close()
+
+
+async def test_a_start_writes_the_record_its_producer_wrote_without_reading_it(
+    nats_queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job's message carries its record's revision as enqueued: the start writes against
+    it at once, and reads only the record that changed since (a cancel by another process,
+    which it then sees and refuses)."""
+    from aqw.brokers.nats import _records
+
+    reads: list[str] = []
+    read = _records.KvJobRecords._read
+
+    async def counted(self: _records.KvJobRecords, job_id: str) -> object:
+        reads.append(job_id)
+        return await read(self, job_id)
+
+    producer = aqw.App(f"{URL}?queue={nats_queue}")
+    ran: list[int] = []
+
+    @producer.task(name="work")
+    async def work(n: int) -> None:
+        ran.append(n)
+
+    ids = await producer.enqueue(work, list(range(5)))
+    other = aqw.App(f"{URL}?queue={nats_queue}")
+    assert await other.cancel(ids[2]) == "cancelled"
+    await other.close()
+    await producer.close()
+
+    monkeypatch.setattr(_records.KvJobRecords, "_read", counted)
+    app = aqw.App(f"{URL}?queue={nats_queue}")
+    app.task(name="work")(work.fn)
+    try:
+        worker = await run_burst(app, concurrency=5)
+        assert sorted(ran) == [0, 1, 3, 4]
+        assert (worker.stats.processed, worker.stats.cancelled) == (4, 1)
+        assert set(reads) == {ids[2]}  # only the record another process changed is read
+        assert (await app.job(ids[1])).state == "succeeded"
+        assert (await app.job(ids[2])).state == "cancelled"
+    finally:
+        await app.close()
