@@ -11,6 +11,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import ResponseError as ResponseError  # a script's error reply, likewise
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .cluster import is_cluster_url, make_cluster_client

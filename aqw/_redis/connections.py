@@ -56,8 +56,33 @@ async def _drop_if_closed(conn: Any) -> None:
     "Connection closed by server" without having reached any server. Nothing was sent on
     it yet, so opening a new one is right for every command, an XADD included."""
     reader = getattr(conn, "_reader", None)
-    if reader is not None and reader.at_eof():
+    if reader is None:
+        return
+    if getattr(reader, "_loop", None) is not asyncio.get_running_loop():
+        _forget(conn)
+    elif reader.at_eof():
         await conn.disconnect()
+
+
+def _forget(conn: Any) -> None:
+    """Close ``conn``'s socket without its event loop, and mark it disconnected: it was
+    opened in another loop (an app kept at module level, used by tests that each run in a
+    loop of their own, the last one closed). Its reader and writer belong to that loop:
+    redis-py's ``disconnect`` would schedule the close there ("Event loop is closed")."""
+    writer = getattr(conn, "_writer", None)
+    loop = getattr(writer, "_loop", None)
+    if writer is not None and loop is not None and not loop.is_closed():
+        loop.call_soon_threadsafe(writer.close)  # its loop still runs: closed there
+    else:
+        transport: Any = getattr(writer, "transport", None)
+        sock = getattr(transport, "_sock", None)
+        if sock is not None:  # asyncio's selector transport, whose loop is gone: by hand
+            sock.close()
+            transport._sock = None
+            transport._closing = True  # nothing left for it to close or warn of
+    conn._parser.on_disconnect()
+    conn._reader = None
+    conn._writer = None
 
 
 class TimedConnection(Connection):

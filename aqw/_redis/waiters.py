@@ -19,7 +19,6 @@ job once, since a reply lost with the connection may have carried their ids.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from collections.abc import Mapping
@@ -28,6 +27,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from .._cancel import stop_task
 from ..errors import UnknownJob
 from ..record import FINAL_STATES, JobInfo
 from . import scripts
@@ -193,9 +193,7 @@ class JobWaiters:
         """Stop the listener; waits still running fail with ``ConnectionError``."""
         task, self._listener = self._listener, None
         if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_task(task)
         futures, self._futures = self._futures, {}
         for waiting in futures.values():
             for fut in waiting:

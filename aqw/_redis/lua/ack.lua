@@ -17,12 +17,27 @@
 -- set is deleted. Counting: 'processed' for succeeded, else the state's name, in the stats hash.
 -- Mergeable (aqw/_redis/batch.py): what the jobs of one flush share is passed once, and the
 -- per-job keys are built here from the queue's prefix (all in the queue's slot).
+-- Ownership, in the common case without a command of its own: the job's record (read anyway,
+-- for its state and the fields below) names the fencing token of the last start of the job
+-- (job_start.lua writes it with the lease, in the same step, whenever the record is a
+-- readable hash). When it is this lease's token and no other consumer has claimed the
+-- delivery since (reclaim.lua marks the record 'claimed'), no other start has happened: the
+-- lease key is this holder's or has expired untaken, and the entry is still this consumer's
+-- unless XACK says it was settled. Otherwise (another fence, a claim by another consumer, no
+-- fence given, a record that is missing or not a hash) the lease key and the pending list
+-- decide, as above.
+-- Acknowledging, in the common case without a command per job either: one XPENDING over the
+-- range of the call's entry ids reads which are still pending to this consumer (what XACK's
+-- reply and the per-entry XPENDING told), and one XACK acknowledges the accepted entries
+-- after the loop, with their XDEL. A plain job's settle is then HMGET, HSET and PEXPIRE of
+-- its record, the rest shared by the jobs of the call.
 -- KEYS[1] stream, KEYS[2] stats hash, KEYS[3] running index
 -- ARGV[1] group, ARGV[2] consumer, ARGV[3] key prefix (aqw:{q}:), ARGV[4] final state,
 --   ARGV[5] job record ttl in ms, ARGV[6] completion record ttl in ms (0: none), then per job:
---   its head, "<m> <entry id> <lease token> <job id>" (one value, so most jobs pass one: the
---   client's cost of a call grows with the number of values), where the token is empty for
---   none and the job id empty when the job is undecodable (no job record), and comes last (it
+--   its head, "<m> <entry id> <lease token> <fencing token> <job id>" (one value, so most
+--   jobs pass one: the client's cost of a call grows with the number of values), where the
+--   tokens are empty for none and the job id empty when the job is undecodable (no job
+--   record), and comes last (it
 --   may hold spaces); m is the count of values that follow (0 for a job without an
 --   idempotency key, result or error), then m values: the idempotency key ('' for none) and
 --   the record's field/value pairs
@@ -32,9 +47,64 @@
 --@include batch_lib
 local final = {succeeded = true, failed = true, dead = true, cancelled = true, expired = true}
 local prefix, state, keep, done_ttl = ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
-local function ours(entry)
+-- The call's entries still pending to this consumer: read with one XPENDING over the range
+-- of the call's entry ids, filtered by consumer (so it reads no more than this consumer's
+-- own deliveries, however many other consumers have in flight), and a job's settle needs no
+-- command of its own for its entry (before: an XACK per entry, whose reply 0 refused an entry
+-- settled already, and an XPENDING per entry on the path without the record's fence). An
+-- entry not found there (not pending, or pending to another consumer) is looked up alone,
+-- as before. The entries settled are acknowledged together after the loop; an entry settled
+-- in the call counts as no longer pending at once (`done`), so a second settle of it in the
+-- same call is refused, as XACK's reply 0 refused it. When an entry id is malformed, or the
+-- range holds more entries than one read returns, each entry is acknowledged alone
+-- (`bulk` false).
+local pending, done, bulk, none = {}, {}, true, false
+do
+  local lo, hi = nil, nil
+  local a = 7
+  while a <= #ARGV do
+    local m, entry = string.match(ARGV[a], '^(%d+) (%S+) ')
+    local ms, seq = string.match(entry or '', '^(%d+)%-(%d+)$')
+    if not ms or #ms > 15 or #seq > 15 then
+      bulk = false
+      break
+    end
+    local key = {tonumber(ms), tonumber(seq)}
+    if not lo or key[1] < lo[1] or (key[1] == lo[1] and key[2] < lo[2]) then
+      lo = key
+    end
+    if not hi or key[1] > hi[1] or (key[1] == hi[1] and key[2] > hi[2]) then
+      hi = key
+    end
+    a = a + 1 + tonumber(m)
+  end
+  if bulk and lo then
+    local cap = 10000
+    local p = redis.pcall('XPENDING', KEYS[1], ARGV[1], string.format('%d-%d', lo[1], lo[2]),
+      string.format('%d-%d', hi[1], hi[2]), cap, ARGV[2])
+    if p.err then
+      none = true  -- no stream or no group: nothing is pending
+    elseif #p >= cap then
+      bulk = false
+    else
+      for _, e in ipairs(p) do
+        pending[e[1]] = true
+      end
+    end
+  end
+end
+-- The consumer entry `entry` is pending to, or nil.
+local function owner(entry)
+  if done[entry] or none then
+    return nil
+  elseif bulk and pending[entry] then
+    return ARGV[2]
+  end
   local p = redis.call('XPENDING', KEYS[1], ARGV[1], entry, entry, 1)
-  return #p > 0 and p[1][2] == ARGV[2]
+  return #p > 0 and p[1][2] or nil
+end
+local function ours(entry)
+  return owner(entry) == ARGV[2]
 end
 local function wake(job)
   local waiters = prefix .. 'waiters:' .. job
@@ -61,30 +131,43 @@ local counted = 0
 local function settle_all()
   local a = 7
   while a <= #ARGV do
-    local m, entry, token, job = string.match(ARGV[a], '^(%d+) (%S+) (%S*) (.*)$')
+    local m, entry, token, fence, job = string.match(ARGV[a], '^(%d+) (%S+) (%S*) (%d*) (.*)$')
     m = tonumber(m)
     local idem = m > 0 and ARGV[a + 1] or ''
     local first = a + 2  -- the first field/value value, when m > 1
     a = a + 1 + m
     -- Without a lease (token ''), as before a lease was taken: the entry's ownership decides.
     local lease = prefix .. 'lease:' .. ((token ~= '' and job ~= '') and job or '-')
-    local cur = redis.call('GET', lease)
-    if (cur and cur ~= token) or (not cur and not ours(entry))
-        or redis.call('XACK', KEYS[1], ARGV[1], entry) == 0 then
+    local rec = prefix .. 'job:' .. (job ~= '' and job or '-')
+    local was = nil
+    if job ~= '' then
+      was = redis.pcall('HMGET', rec, 'state', 'waited', 'indexed', 'batch', 'fencing_token',
+        'claimed')
+    end
+    local fenced = token ~= '' and fence ~= '' and was ~= nil and not was.err
+      and was[5] == fence and (not was[6] or was[6] == ARGV[2])
+    local cur = nil
+    if not fenced then
+      cur = redis.call('GET', lease)
+    end
+    if (not fenced and ((cur and cur ~= token) or (not cur and not ours(entry))))
+        or not owner(entry) then
       -- another holder owns the lease or the entry, or already settled the entry
       out[#out + 1] = 0
     else
       settled[#settled + 1] = entry
-      if cur then
+      done[entry] = true
+      if not bulk then  -- else acknowledged with the others after the loop
+        redis.call('XACK', KEYS[1], ARGV[1], entry)
+      end
+      if fenced or cur then  -- (an expired lease key is deleted for nothing: no command more)
         released[#released + 1] = lease
       end
       if done_ttl > 0 and idem ~= '' then
         redis.call('SET', prefix .. 'done:' .. idem, job, 'PX', done_ttl)
       end
       local count = true
-      if job ~= '' then
-        local rec = prefix .. 'job:' .. job
-        local was = redis.pcall('HMGET', rec, 'state', 'waited', 'indexed', 'batch')
+      if was ~= nil then
         if not was.err then
           if was[1] and final[was[1]] then
             count = false
@@ -119,6 +202,9 @@ end
 local ok, err = pcall(settle_all)
 -- in chunks: a call's values go on Lua's stack
 for i = 1, #settled, 1000 do
+  if bulk then
+    redis.call('XACK', KEYS[1], ARGV[1], unpack(settled, i, math.min(i + 999, #settled)))
+  end
   redis.call('XDEL', KEYS[1], unpack(settled, i, math.min(i + 999, #settled)))
 end
 for i = 1, #released, 1000 do

@@ -88,11 +88,30 @@ batch_fire = function(prefix, bid)
   local names = redis.call('HGET', b, 'inputs')
   if names and names ~= '' and #due > 0 then
     local parents = redis.call('LRANGE', b .. ':children', 0, -1)
-    local parts, i = {}, 0
+    -- A name ending in [] is one child of a batch parent: those gathered, in order, into
+    -- a list under the name before it.
+    local parts, lists, i = {}, {}, 0
     for name in string.gmatch(names, '%S+') do
       i = i + 1
       local r = redis.pcall('HGET', prefix .. 'job:' .. (parents[i] or '-'), 'result')
-      parts[#parts + 1] = {name, (type(r) == 'string' and r ~= '') and r or 'null'}
+      local value = (type(r) == 'string' and r ~= '') and r or 'null'
+      local base = string.match(name, '^(.*)%[%]$')
+      if base then
+        local list = lists[base]
+        if not list then
+          list = {}
+          lists[base] = list
+          parts[#parts + 1] = {base, list}
+        end
+        list[#list + 1] = value
+      else
+        parts[#parts + 1] = {name, value}
+      end
+    end
+    for _, p in ipairs(parts) do
+      if type(p[2]) == 'table' then
+        p[2] = '[' .. table.concat(p[2], ',') .. ']'
+      end
     end
     if #parts == 1 then
       input = parts[1][2]

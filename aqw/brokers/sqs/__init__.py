@@ -55,6 +55,9 @@ How aqw's model maps onto SQS:
 - **Idempotency keys** need ``records=``: an enqueue claims the key in that store for 60 s,
   sends, then keeps the key for the idempotency TTL; the ack writes the completion record
   before the delete. Steps, schema and failure windows: ``aqw.brokers.sqs._keys``.
+- **Batches** need ``records=redis://``: each child is counted in the store's atomic step at
+  its settle, before the delete; the callbacks go through the store's outbox. Steps and
+  what holds: ``aqw.brokers.sqs._batches``.
 - **Job records** (``app.job``, ``app.result``, ``app.cancel``) are kept in the process, per
   broker (``Broker.local_records``): the settle steps keep them, but other processes do not
   see them.

@@ -1,8 +1,7 @@
-"""SQSBroker: the Broker contract on one SQS queue, by delegation to the pieces it owns: the
-connection, the queues, the held messages, producing, consuming, leases, settling and the
-dead-letter queue. SQS has no store for job records, heartbeats or schedule marks: those
-parts are kept in the process (``aqw.brokers.local``, ``shared = False``). How aqw maps onto
-SQS: the package docstring (``aqw.brokers.sqs``)."""
+"""SQSBroker: the Broker contract on one SQS queue, by delegation to the pieces it owns
+(connection, queues, held messages, producing, consuming, leases, settling, dead letters;
+batches counted in a ``records=redis://`` store). Job records and heartbeats are kept in the
+process (``aqw.brokers.local``). How aqw maps onto SQS: ``aqw.brokers.sqs``."""
 
 from __future__ import annotations
 
@@ -15,14 +14,9 @@ from ...flow import Limits
 from ...job import Job
 from ...lease import Lease, LeaseBackend
 from ..base import Broker
-from ..local import (
-    LocalJobRecords,
-    LocalScheduleMarks,
-    LocalStartGuard,
-    LocalWorkerStatus,
-    still_ours,
-)
+from ..local import LocalScheduleMarks, LocalStartGuard, LocalWorkerStatus, still_ours
 from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth
+from ._batch_stores import store_batches
 from ._batching import Batcher
 from ._connection import Connection
 from ._consuming import Consumer
@@ -35,6 +29,7 @@ from ._messages import Entry
 from ._options import parse_url
 from ._producing import Producer
 from ._queues import Queues
+from ._results import StoreJobRecords
 from ._settling import MessageSettler
 
 
@@ -42,6 +37,9 @@ class SQSBroker(Broker):
     """A queue on Amazon SQS (standard or FIFO). See the package docstring for the mapping."""
 
     system = "aws_sqs"
+    # A retry's visibility is rounded up to whole seconds and the approximate counters are
+    # read one by one: the retried message can be counted nowhere as it turns visible.
+    depth_lag = 2.0
 
     def __init__(
         self,
@@ -60,11 +58,13 @@ class SQSBroker(Broker):
         pool: int = 50,
         pollers: int = 10,
     ) -> None:
-        job_records = LocalJobRecords(queue)
-        keys = Keys(queue, records)  # its store keeps the schedule marks too, shared
+        keys = Keys(queue, records)  # its store keeps the schedule marks (and batches), shared
+        store = keys.redis_store()  # and the final records of jobs read elsewhere
+        client = None if store is None else (lambda: store.client)
+        self._records = job_records = StoreJobRecords(queue, client)
         marks = StoreMarks(keys) if keys.keeps_marks else LocalScheduleMarks()
-        super().__init__(queue, records=job_records, status=LocalWorkerStatus(), marks=marks)
-        self._records = job_records
+        batches, status = store_batches(keys, self.publish), LocalWorkerStatus()
+        super().__init__(queue, records=job_records, status=status, marks=marks, batches=batches)
         self._options: dict[str, Any] = {
             "region": region,
             "endpoint_url": endpoint_url,
@@ -108,7 +108,7 @@ class SQSBroker(Broker):
         )
         self._leases = VisibilityLeases(connection, queues, held, locks)
         self._settler = MessageSettler(
-            connection, queues, held, locks, dead_letters, keys, job_records
+            connection, queues, held, locks, dead_letters, keys, job_records, batches
         )
 
     def __repr__(self) -> str:
@@ -227,6 +227,7 @@ class SQSBroker(Broker):
         await super().start_consuming(consumer)
         await self._connection.ensure()
         self._queues.require_dlq()
+        await self._settler.send_outbox()  # what a worker killed after a count left unsent
 
     def expect_lease_ttl(self, seconds: float) -> None:
         """The longest job lease the runtime will take: received messages then start with that

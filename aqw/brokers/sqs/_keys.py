@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Awaitable, Callable
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit, urlunsplit
 
 from ...errors import ConfigError, extra_hint
@@ -165,6 +165,18 @@ class Keys:
     def keeps_marks(self) -> bool:
         """True when the store keeps schedule marks too (aqw's Redis and PostgreSQL ones)."""
         return self.url is not None or isinstance(self._given, MarkStore)
+
+    def redis_store(self) -> RedisKeyStore | None:
+        """The store when it is aqw's Redis one (batches are counted there), else None."""
+        if self._store is None:
+            return None
+        return self._store if isinstance(self._store, RedisKeyStore) else None
+
+    def postgres_store(self) -> Any:
+        """The store when it is aqw's PostgreSQL one (batches are counted there), else None."""
+        if self.url is None or scheme_of(self.url) not in POSTGRES_SCHEMES:
+            return None
+        return self.store()
 
     def store(self) -> KeyStore:
         if self._store is None:

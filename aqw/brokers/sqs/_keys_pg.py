@@ -51,7 +51,7 @@ _MISTAKES: tuple[type[BaseException], ...] = (
 )
 
 
-def _quote(name: str) -> str:
+def quote_name(name: str) -> str:
     parts = name.split(".")
     if not 1 <= len(parts) <= 2 or not all(_IDENT.match(p) for p in parts):
         raise ConfigError(f"records= table {name!r}: use [schema.]name of letters, digits, _")
@@ -66,9 +66,9 @@ class PostgresKeyStore:
         self.dsn = dsn
         self.table = table
         self.max_size = max_size
-        t = self._t = _quote(table)
-        m = self._m = _quote(table + MARKS_SUFFIX)
-        self._index = _quote(table.rpartition(".")[2][:50] + "_expires_at_idx")
+        t = self._t = quote_name(table)
+        m = self._m = quote_name(table + MARKS_SUFFIX)
+        self._index = quote_name(table.rpartition(".")[2][:50] + "_expires_at_idx")
         self._pool: Any = None
         self._opening: asyncio.Lock | None = None
         self._purged = time.monotonic()
@@ -165,6 +165,15 @@ class PostgresKeyStore:
                 " job_id text NOT NULL,"
                 " PRIMARY KEY (queue, task))"
             )
+
+    async def pool(self) -> Any:
+        """The pool (opened, and the keys' tables made, on first use)."""
+        return await self._open()
+
+    async def run(self, call: Callable[[Any], Awaitable[T]]) -> T:
+        """``call(pool)``, its unreachable store as ``RecordsUnavailable`` and a wrong URL as
+        ``ConfigError`` (the batch counts' steps go through it too)."""
+        return await self._run(call)
 
     async def _run(self, call: Callable[[Any], Awaitable[T]]) -> T:
         try:

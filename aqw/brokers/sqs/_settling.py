@@ -1,8 +1,9 @@
 """Settling messages (``MessageSettler``): each step stops tracking the message, settles it
 on SQS (a delete, or a visibility change), frees the job's lease in the lock store and is
 counted. The job's record (kept in the process) moves with the base's settle steps
-(``Broker.ack`` and the others); a message taken but not settled reads ``queued`` again
-here, since it comes back when its visibility runs out."""
+(``Broker.ack`` and the others), and with a ``records=redis://`` store the final record of
+a job read elsewhere is written there first (``StoreJobRecords``); a message taken but not
+settled reads ``queued`` again here, since it comes back when its visibility runs out."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import time
 
 from ...job import Job
 from ...lease import Lease
-from ..local import LocalJobRecords
+from ..batching import BATCH_HEADER
 from ..messages import Delivery, Failure, Finish
+from ._batches import StoreCounts
 from ._connection import Connection
 from ._dead_letters import DeadLetterQueue
 from ._held import HeldMessages
@@ -21,6 +23,7 @@ from ._keys import Keys
 from ._leases import LockStore
 from ._limits import MAX_VISIBILITY
 from ._queues import Queues
+from ._results import StoreJobRecords
 
 log = logging.getLogger("aqw.sqs")
 
@@ -38,7 +41,8 @@ class MessageSettler:
         locks: LockStore,
         dead_letters: DeadLetterQueue,
         keys: Keys,
-        records: LocalJobRecords,
+        records: StoreJobRecords,
+        batches: StoreCounts | None = None,
     ) -> None:
         self._connection = connection
         self._queues = queues
@@ -47,7 +51,20 @@ class MessageSettler:
         self._dead_letters = dead_letters
         self._keys = keys
         self._records = records
+        #: With ``records=redis://``: a batch child's count, made before its delete.
+        self._batches = batches
         self.counts: dict[str, int] = {}
+
+    async def send_outbox(self) -> None:
+        """Send the jobs the batch counts enqueued and no worker sent yet (at a start)."""
+        if self._batches is not None:
+            await self._batches.flush()
+
+    async def _count(self, job: Job | None, state: str, result: str | None, keep: float) -> None:
+        """Count a batch child (or a flow's step) in the store, before its message is
+        deleted; nothing for a job of no batch."""
+        if job is not None and self._batches is not None and BATCH_HEADER in job.headers:
+            await self._batches.settled(job, state, result, keep)
 
     def _bump(self, name: str) -> None:
         self.counts[name] = self.counts.get(name, 0) + 1
@@ -66,6 +83,10 @@ class MessageSettler:
         if not self._held.owns(delivery, lease):
             return False
         await self._keys.complete(job, record_ttl)
+        if job is not None and self._records.wants(job):  # its end, read elsewhere
+            fields = finish.fields("", time.time())
+            await self._records.put_final(job, finish.state, fields, finish.keep_for)
+        await self._count(job, finish.state, finish.result, finish.keep_for)
         held = self._held.take(delivery, lease)
         if held is None:
             return False
@@ -130,7 +151,14 @@ class MessageSettler:
         keep_for: float,
     ) -> str | None:
         """Send to the DLQ (or drop with an error log, with ``dlq=none``), then delete; the
-        DLQ message's id (the message's own with ``dlq=none``), None when refused."""
+        DLQ message's id (the message's own with ``dlq=none``), None when refused. A batch
+        child is counted dead first, while the message is still held."""
+        if not self._held.owns(delivery, lease):
+            return None
+        if job is not None and self._records.wants(job):  # its end (the DLQ entry: here only)
+            fields = Finish(failure=failure).fields("", time.time())
+            await self._records.put_final(job, "dead", fields, keep_for)
+        await self._count(job, "dead", None, keep_for)
         held = self._held.take(delivery, lease)
         if held is None:
             return None

@@ -1,0 +1,1 @@
+DELETE FROM {outbox} WHERE seq = ANY($1::bigint[])

@@ -1,0 +1,1 @@
+SELECT seq, job FROM {outbox} WHERE queue = $1 ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED
