@@ -2,7 +2,8 @@
 ``python tests/batch_worker.py QUEUE [PG_DSN COMPLETIONS EFFECTS]``.
 
 Runs batch children (``child``: 5-20 ms, then a ledger entry), flow steps (``step``: one
-more than its input, and a ledger entry in ``<children>:steps``) and the batches' callback
+more than its input, or than the sum of its inputs, and a ledger entry in
+``<children>:steps``) and the batches' callback
 (``done``: a ledger entry naming its batch and its own job id, and, with a PostgreSQL DSN,
 one row in EFFECTS written under ``ctx.effect``) on the real Redis (AQW_TEST_REDIS_URL)
 until SIGTERM. Ledger keys live under the queue's hash tag."""
@@ -31,9 +32,13 @@ def ledger_keys(queue: str) -> tuple[str, str]:
 
 
 def make_app(
-    queue: str, ledger: Redis | None = None, pool: Any = None, tables: tuple[str, str] = ("", "")
+    queue: str,
+    ledger: Redis | None = None,
+    pool: Any = None,
+    tables: tuple[str, str] = ("", ""),
+    url: str = REDIS_URL,
 ) -> aqw.App:
-    app = aqw.App(REDIS_URL, queue=queue, lease_ttl=LEASE_TTL)
+    app = aqw.App(url, queue=queue, lease_ttl=LEASE_TTL)
     children, callbacks = ledger_keys(queue)
 
     @app.task(name="child")
@@ -43,12 +48,15 @@ def make_app(
         await ledger.rpush(children, ctx.job_id)
 
     @app.task(name="step", keep_result=True)
-    async def step(x: int | dict[str, int] | None, ctx: aqw.Context) -> int:
-        """A flow's step: one more than its parent's result (or its parents' sum)."""
+    async def step(x: int | dict[str, int] | list[int] | None, ctx: aqw.Context) -> int:
+        """A flow's step: one more than its parent's result (or its parents' sum, or the
+        sum of a batch step's children's results)."""
         assert ledger is not None, "this app only enqueues"
         await asyncio.sleep(random.uniform(0.005, 0.02))
         await ledger.rpush(children + ":steps", ctx.job_id)
-        return (x if isinstance(x, int) else sum((x or {}).values())) + 1
+        if isinstance(x, int):
+            return x + 1
+        return sum(x if isinstance(x, list) else (x or {}).values()) + 1
 
     @app.task(name="done")
     async def done(ctx: aqw.Context) -> None:

@@ -58,3 +58,24 @@ def test_batch_show_cancel_and_flow_show(
     assert main(["batch", "show", "no-such-batch", *where]) == 6
     assert "no batch" in capsys.readouterr().out
     assert main(["flow", "show", "no-such-flow", *where]) == 6
+
+
+def test_flow_show_names_a_batch_step_and_its_batch(
+    redis_url: str, queue_name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def setup() -> tuple[str, str]:
+        app, child, _ = _app(redis_url, queue_name)
+        flow = aqw.Flow()
+        flow.batch(child, [1, 2], name="fan")
+        handle = await app.start(flow)
+        info = await app.flow_info(handle.id)
+        await app.close()
+        assert info is not None
+        return handle.id, info.steps["fan"].job_id
+
+    flow_id, batch_id = asyncio.run(setup())
+    where = ["--broker", redis_url, "--queue", queue_name]
+    assert main(["flow", "show", flow_id, *where]) == 0
+    assert f"fan: queued (batch of 2 {batch_id})" in capsys.readouterr().out
+    assert main(["batch", "show", batch_id, *where]) == 0  # the step is a batch
+    assert "0/2 done" in capsys.readouterr().out

@@ -49,6 +49,10 @@ async def test_a_batch_and_a_flow_stay_in_their_queues_slot(
         async def total(parts: dict[str, int]) -> int:
             return sum(parts.values())
 
+        @app.task(keep_result=True)
+        async def added(values: list[int]) -> int:
+            return sum(values)
+
         @app.task
         async def summary(ctx: aqw.Context) -> None:
             done.append(ctx.batch)
@@ -62,9 +66,15 @@ async def test_a_batch_and_a_flow_stay_in_their_queues_slot(
         b = flow.add(square, Item(n=3), name="b")
         flow.add(total, after=[a, b])
         handle = await app.start(flow)
+        fan = aqw.Flow()  # a batch step after a step, and a step after the batch step
+        first = fan.add(square, Item(n=1), name="first")
+        squares = fan.batch(square, [Item(n=i) for i in range(1, 5)], after=first)
+        fan.add(added, after=squares)
+        fanned = await app.start(fan)
         async with asyncio.timeout(60):
             await app.worker(concurrency=4, burst=True).run()
             assert await handle.result(timeout=30) == 13
+            assert await fanned.result(timeout=30) == 30  # 1 + 4 + 9 + 16
         info = await app.batch_info(batch.id)
         assert info is not None and info.state == "complete"
         assert info.failed == 1 and info.total == 6 and info.pending == 0

@@ -139,6 +139,34 @@ async def test_a_flow_page_draws_the_dag_with_each_steps_state(backend: Backend)
     assert as_batch.status_code == 200 and f'href="/flows/{handle.id}"' in as_batch.text
 
 
+async def test_a_batch_step_links_to_its_batch_page(backend: Backend) -> None:
+    app = backend.app()
+    t = _wire(app)
+
+    @app.task(name="total", keep_result=True)
+    async def total(values: list[int]) -> int:
+        return sum(values)
+
+    flow = aqw.Flow()
+    fan = flow.batch(t["child"], [1, 2, 3], name="fan")
+    flow.add(total, after=fan)
+    handle = await app.start(flow)
+    await _drain(app)
+    info = await app.flow_info(handle.id)
+    assert info is not None
+    batch_id = info.steps["fan"].job_id
+    async with client(app) as http:
+        page = await http.get(f"/flows/{handle.id}")
+        batch = await http.get(f"/batches/{batch_id}")
+    assert page.status_code == 200
+    steps = dict(re.findall(r'<g class="step" data-step="([^"]+)" data-state="(\w+)">', page.text))
+    assert steps == {"fan": "succeeded", "total": "succeeded"}
+    assert f'href="/batches/{batch_id}"' in page.text  # the step's box and its table row
+    assert f'href="/jobs/{batch_id}"' not in page.text
+    assert batch.status_code == 200 and 'id="batch-state">complete<' in batch.text
+    assert '<progress id="batch-progress" max="3" value="3">' in batch.text
+
+
 async def test_unknown_and_bad_ids(backend: Backend) -> None:
     app = backend.app()
     _wire(app)

@@ -129,7 +129,8 @@ class FlowHandle:
 
     async def result(self, timeout: float | None = None) -> Any:
         """Once every step is final: the result of the flow's last step (the one no step
-        runs after), or a mapping of name to result when there are several; a last step
+        runs after; a batch step's: its children's results, in order), or a mapping of
+        name to result when there are several; a last step
         that failed or was cancelled raises as ``app.result`` does. Raises
         ``TimeoutError`` after ``timeout`` seconds (None: no limit)."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -152,10 +153,25 @@ class FlowHandle:
         jobs = Jobs(self.app)
         out = {}
         for step in ends:
+            if step.batch is not None:  # a batch step: its children's results, in order
+                out[step.name] = await self._children(jobs, step.job_id, step.batch.total)
+                continue
             if step.record is None:
                 raise ConfigError(f"flow {self.id!r}: the record of step {step.name!r} expired")
             out[step.name] = jobs.outcome(step.record)
         return next(iter(out.values())) if len(out) == 1 else out
+
+    async def _children(self, jobs: Jobs, batch_id: str, total: int) -> list[Any]:
+        """A batch step's children's results, in order; the first child that did not
+        succeed raises as ``app.result`` does."""
+        broker = self.app.broker_for(self.queue)
+        results = []
+        for job_id in await batch_part(broker).children(batch_id, 0, total):
+            record = await broker.records.record(job_id)
+            if record is None:
+                raise ConfigError(f"flow {self.id!r}: the record of job {job_id!r} expired")
+            results.append(jobs.outcome(record))
+        return results
 
 
 async def start(app: BatchesApp, flow: Flow, *, queue: str | None = None) -> FlowHandle:

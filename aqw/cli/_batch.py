@@ -112,5 +112,6 @@ async def flow_show(app: App, flow_id: str, *, as_json: bool) -> int:
     print(f"flow {printable(info.id)}: {info.state} ({info.batch.done}/{info.batch.total} steps)")
     for s in info.steps.values():
         after = f" after {', '.join(printable(a) for a in s.after)}" if s.after else ""
-        print(f"  {printable(s.name)}: {s.state} (job {printable(s.job_id)}){after}")
+        what = "job" if s.batch is None else f"batch of {s.batch.total}"
+        print(f"  {printable(s.name)}: {s.state} ({what} {printable(s.job_id)}){after}")
     return 0

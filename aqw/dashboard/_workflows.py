@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..brokers import Broker
-from ..workflows import batch_part, read_flow
+from ..workflows import StepInfo, batch_part, read_flow
 from ._core import Dashboard
 from ._dag import Node, flow_chart
 from ._pages import bad_request
@@ -81,6 +81,11 @@ async def batch_page(dash: Dashboard, request: Request) -> Response:
     )
 
 
+def _page(step: StepInfo) -> str:
+    """Where a flow's step links: its job's page, or a batch step's batch's."""
+    return "jobs" if step.batch is None else "batches"
+
+
 async def flow_page(dash: Dashboard, request: Request) -> Response:
     flow_id = _checked_id(request, "flow_id")
     if flow_id is None:
@@ -91,7 +96,7 @@ async def flow_page(dash: Dashboard, request: Request) -> Response:
     base = str(request.scope.get("root_path", "")).rstrip("/")
     quote = dash.templates.filters["q"]
     nodes = [
-        Node(s.name, s.after, s.state, f"{base}/jobs/{quote(s.job_id)}")
+        Node(s.name, s.after, s.state, f"{base}/{_page(s)}/{quote(s.job_id)}")
         for s in flow.steps.values()
     ]
     states: dict[str, int] = {}

@@ -56,8 +56,8 @@ def batch_part(broker: Broker) -> BatchCounts:
     if part is None:
         raise ConfigError(
             f"batch: {broker.describe()} keeps no batch counts (they move in each child's "
-            "settle step): batches and flows run on one Redis queue (not partitioned) or "
-            "memory://"
+            "settle step): batches and flows run on one Redis queue (not partitioned), "
+            "memory://, or SQS with records=redis:// or records=postgresql://"
         )
     return part
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ...errors import ConfigError
 from ...job import Job
@@ -212,14 +213,19 @@ class LocalBatchCounts:
 
     def _input(self, b: _Batch) -> object:
         """A flow step's payload: its one parent's result, or a mapping of each parent's
-        step name to its result (None for a result not kept)."""
-        results = []
-        for job_id in b.children:
+        step name to its result (None for a result not kept); a batch parent's children's
+        results (input names ending in ``[]``) gathered, in order, into one list."""
+        parts: dict[str, Any] = {}
+        for name, job_id in zip(b.spec.inputs, b.children, strict=False):
             text = self._result_of(job_id)
-            results.append(None if text is None else json.loads(text))
-        if len(b.spec.inputs) == 1:
-            return results[0] if results else None
-        return dict(zip(b.spec.inputs, results, strict=False))
+            value = None if text is None else json.loads(text)
+            if name.endswith("[]"):
+                parts.setdefault(name[:-2], []).append(value)
+            else:
+                parts[name] = value
+        if len(parts) == 1:
+            return next(iter(parts.values()))
+        return parts
 
     def _info(self, b: _Batch) -> BatchInfo:
         c = b.counts
