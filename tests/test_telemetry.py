@@ -26,7 +26,7 @@ from opentelemetry import baggage, metrics, trace
 from opentelemetry import context as otel_context
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider, sampling
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
@@ -418,6 +418,106 @@ async def test_a_sampled_out_job_records_nothing_and_its_handler_follows_the_dec
     assert seen == [(0xABC, False)] * 3, "the handler's spans stay in the caller's trace"
 
 
+def test_a_span_the_sampler_drops_is_never_started_and_a_sampled_parent_still_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a sampler whose decision is known without a trace id (``ALWAYS_OFF`` roots under
+    ``ParentBased``), a job without trace context, or under an unsampled caller, starts no
+    span at all; a job whose headers carry a sampled parent still gets its recorded child
+    span. A ratio sampler (decided per trace id) is asked for every job."""
+    exporter = InMemorySpanExporter()
+    tp = TracerProvider(sampler=sampling.ParentBased(sampling.ALWAYS_OFF))
+    tp.add_span_processor(SimpleSpanProcessor(exporter))
+    tel = aqw.Telemetry("q", "memory", tracer_provider=tp)
+    started: list[str] = []
+    start_span = tel.tracer.start_span
+
+    def counting(name: str, *args: Any, **kwargs: Any) -> Any:
+        started.append(name)
+        return start_span(name, *args, **kwargs)
+
+    monkeypatch.setattr(tel.tracer, "start_span", counting)
+    sampled, unsampled = "01", "00"
+    parent = f"00-{'ab' * 16}-{'cd' * 8}-"
+    plain = aqw.Job(task="t")
+    under_unsampled = aqw.Job(task="t", headers={"traceparent": parent + unsampled})
+    under_sampled = aqw.Job(task="t", headers={"traceparent": parent + sampled})
+    for job in (plain, under_unsampled):
+        jt = tel.job(job)
+        assert not jt.timed
+        with jt.handler():
+            assert not trace.get_current_span().is_recording()
+        jt.end()
+    assert started == [] and exporter.get_finished_spans() == ()
+    # nothing current where the worker runs: a dropped root costs what tracing off costs
+    assert tel.job(plain) is aqw.telemetry._job_trace.NO_TRACE
+    jt = tel.job(under_sampled)
+    assert jt.timed
+    jt.end()
+    assert started == ["process q"]
+    [span] = exporter.get_finished_spans()
+    assert span.context.trace_flags.sampled
+    assert span.parent is not None and span.parent.span_id == int("cd" * 8, 16)
+    assert span.context.trace_id == int("ab" * 16, 16)
+    tp.shutdown()
+    # every other sampler decides each job itself: ALWAYS_OFF drops a sampled parent's child
+    # too (never started), a ratio is asked every time
+    off = aqw.Telemetry("q", "memory", tracer_provider=TracerProvider(sampler=sampling.ALWAYS_OFF))
+    assert not off.job(under_sampled).timed
+    ratio = TracerProvider(sampler=sampling.ParentBased(sampling.TraceIdRatioBased(0.0)))
+    asked = aqw.Telemetry("q", "memory", tracer_provider=ratio)
+    calls: list[str] = []
+    ratio_start = asked.tracer.start_span
+    monkeypatch.setattr(
+        asked.tracer, "start_span", lambda *a, **k: calls.append(a[0]) or ratio_start(*a, **k)
+    )
+    assert not asked.job(plain).timed
+    assert calls == ["process q"]
+
+
+async def test_a_job_dropped_at_its_root_runs_its_handler_outside_any_span(
+    otel: Otel, queue_name: str
+) -> None:
+    """A job whose root span the sampler drops (none is started) runs its handler with no
+    current span, even when the worker was started inside one: the handler's own spans are
+    roots, dropped by the same sampler; a job under a sampled producer is recorded as its
+    child, with the handler's span under it."""
+    exporter = InMemorySpanExporter()
+    tp = TracerProvider(sampler=sampling.ParentBased(sampling.ALWAYS_OFF))
+    tp.add_span_processor(SimpleSpanProcessor(exporter))
+    _ALIVE.append(tp)
+    app = aqw.App(MemoryBroker(queue_name), tracer_provider=tp)
+    tracer = trace.get_tracer("tests.handler", tracer_provider=tp)
+    seen: list[bool] = []
+
+    @app.task(name="work")
+    async def work(n: int) -> None:
+        with tracer.start_as_current_span("user.work") as span:
+            seen.append(span.is_recording())
+
+    await work.enqueue(1)  # no caller's trace: the root is dropped
+    caller = TracerProvider()  # a producer whose own sampler records its request span
+    caller.add_span_processor(SimpleSpanProcessor(exporter))
+    with trace.get_tracer("tests.caller", tracer_provider=caller).start_as_current_span("POST"):
+        await work.enqueue(2)
+    with trace.get_tracer("tests.boot", tracer_provider=caller).start_as_current_span("boot"):
+        worker = app.worker(burst=True)
+        await worker.start()
+    await asyncio.wait_for(worker.wait_stopped(), 20)
+    await worker.stop()
+    await app.close()
+    assert worker.stats.processed == 2
+    assert sorted(seen) == [False, True]
+    spans = list(exporter.get_finished_spans())
+    names = sorted(s.name for s in spans)
+    assert names == ["POST", "boot", f"process {queue_name}", f"publish {queue_name}", "user.work"]
+    process = one(spans, f"process {queue_name}")
+    assert one(spans, "user.work").parent.span_id == process.context.span_id  # type: ignore[union-attr]
+    assert process.parent.span_id == one(spans, f"publish {queue_name}").context.span_id  # type: ignore[union-attr]
+    caller.shutdown()
+    tp.shutdown()
+
+
 async def test_baggage_of_the_producer_is_current_in_the_handler(
     backend: Backend, otel: Otel
 ) -> None:
@@ -452,13 +552,13 @@ def test_the_jobs_of_one_batch_read_their_trace_context_once_and_each_job_its_ow
     with tel.publish([single]):
         pass
     reads: list[dict[str, str]] = []
-    extract = aqw.telemetry._job_trace.propagate.extract
+    extract = aqw.telemetry._header_contexts.propagate.extract
 
     def counting(headers: dict[str, str], *args: Any, **kwargs: Any) -> Any:
         reads.append(dict(headers))
         return extract(headers, *args, **kwargs)
 
-    monkeypatch.setattr(aqw.telemetry._job_trace.propagate, "extract", counting)
+    monkeypatch.setattr(aqw.telemetry._header_contexts.propagate, "extract", counting)
     for job in [*batch, single]:
         tel.job(job).end()
     # a caller changing its headers in place after a read: the new ones are read

@@ -36,9 +36,9 @@ each collection and when a worker stops (``Telemetry.flush``).
 
 The package, one idea a module: ``_names`` (every span, event, attribute and metric name),
 ``_instruments`` (the meter's instruments, made once per meter provider), ``_telemetry``
-(``Telemetry``), ``_job_trace`` (``JobTrace``: one job's ``process`` span and its children;
-``HeaderContexts``: the trace context its headers carry) and ``_otel`` (``configure_otel``,
-``shutdown_otel``, telling an SDK from the API's defaults).
+(``Telemetry``), ``_job_trace`` (``JobTrace``: one job's ``process`` span and its children),
+``_header_contexts`` (``HeaderContexts``: the trace context its headers carry) and
+``_otel`` (``configure_otel``, ``shutdown_otel``, telling an SDK from the API's defaults).
 """
 
 from __future__ import annotations

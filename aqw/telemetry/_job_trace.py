@@ -12,13 +12,14 @@ import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import Token
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
+from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 
+from ._header_contexts import ROOT
 from ._names import (
     ATTR_ATTEMPT,
     ATTR_FENCING_TOKEN,
@@ -72,10 +73,17 @@ def now_ns() -> int:
     return time.time_ns()
 
 
+#: What the handler of an untraced job runs in (a ``nullcontext`` is reusable).
+_NO_SPAN: AbstractContextManager[Any] = nullcontext()
+
+
 class JobTrace:
     """The spans of one job. This base class does nothing (tracing off)."""
 
     __slots__ = ()
+
+    #: whether the job's stages are timed (a recorded span): the lease's start is stamped
+    timed: ClassVar[bool] = False
 
     def lease_acquired(self, lease: Lease, started_ns: int) -> None:
         """The job's lease was taken (span from ``started_ns`` to now)."""
@@ -85,7 +93,7 @@ class JobTrace:
 
     def handler(self) -> AbstractContextManager[Any]:
         """A span current while the handler runs."""
-        return nullcontext()
+        return _NO_SPAN
 
     def settled(self, outcome: str, attributes: dict[str, Any] | None = None) -> None:
         """The settle step's outcome: ack, skip, retry, dead_letter, requeue."""
@@ -102,7 +110,13 @@ NO_TRACE = JobTrace()
 
 #: The root context: a ``process`` span's parent when the job carries no trace context.
 #: (None would mean "the current span", whatever was active when the worker started.)
-_ROOT = Context()
+_ROOT = ROOT
+
+#: What is current while the handler of a job whose root span the sampler drops runs (no
+#: span was started for it): no span, so the handler's own spans are roots, dropped by the
+#: same sampler, whatever was current when the worker started. Nothing is propagated from
+#: it (as with tracing off).
+UNSAMPLED_ROOT = trace.set_span_in_context(trace.INVALID_SPAN, _ROOT)
 
 
 def process_attributes(tel: Tracing, task: str) -> dict[str, Any]:
@@ -120,30 +134,6 @@ def process_attributes(tel: Tracing, task: str) -> dict[str, Any]:
 def job_attributes(job: Job) -> dict[str, Any]:
     """The attributes of a recorded ``process`` span that vary from job to job."""
     return {ATTR_MESSAGE_ID: job.id, ATTR_ATTEMPT: job.attempt}
-
-
-class HeaderContexts:
-    """The trace context in jobs' headers, read with the global propagator onto the root
-    context (not the current one: a job's context is what its headers carry, whatever is
-    current in the worker). The jobs of one ``enqueue_many`` carry the same headers, and
-    usually arrive together: the last headers read and their context are kept, so a run of
-    such jobs is read once (a ``Context`` is immutable, safe to share)."""
-
-    __slots__ = ("context", "headers")
-
-    def __init__(self) -> None:
-        self.headers: dict[str, str] = {}
-        self.context = _ROOT
-
-    def of(self, headers: dict[str, str]) -> Context:
-        """The context ``headers`` carry (the root context when they are empty)."""
-        if not headers:
-            return _ROOT
-        if headers != self.headers:
-            # a copy: a caller may change its own dict later
-            self.context = propagate.extract(headers, _ROOT)
-            self.headers = dict(headers)
-        return self.context
 
 
 def start_process_span(
@@ -220,6 +210,8 @@ class RecordingJobTrace(JobTrace):
         "tel",
         "token",
     )
+
+    timed = True
 
     def __init__(
         self,
@@ -314,6 +306,8 @@ class StagesJobTrace(JobTrace):
     ``aqw.lease.acquire``, ``aqw.handler`` and ``aqw.settle``."""
 
     __slots__ = ("ctx", "span", "tel")
+
+    timed = True
 
     def __init__(
         self,

@@ -7,16 +7,18 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from .._redact import redact_error, redact_message, redact_traceback
 from .._version import __version__
 from ._batch_trace import batch_links
+from ._header_contexts import HeaderContexts
 from ._instruments import INSTRUMENTS, GaugeSource, Instruments
 from ._job_trace import (
     NO_TRACE,
-    HeaderContexts,
+    UNSAMPLED_ROOT,
     JobTrace,
     RecordingJobTrace,
     SampledOutJobTrace,
@@ -40,6 +42,7 @@ from ._names import (
     TRACE_DETAILS,
 )
 from ._otel import sdk_configured
+from ._sampling import known_drops
 
 if TYPE_CHECKING:
     from ..brokers.base import QueueDepth
@@ -90,6 +93,9 @@ class Telemetry:
         self.tracing = sdk_configured(tp)
         self.metering = sdk_configured(mp)
         self.tracer = tp.get_tracer(SCOPE, __version__)
+        #: what the tracer's sampler drops whatever the trace id (``_sampling.py``): such a
+        #: job starts no span
+        self._drops = known_drops(self.tracer) if self.tracing else None
         self.attributes: dict[str, Any] = {ATTR_SYSTEM: system, ATTR_DESTINATION: queue}
         self._instruments: Instruments | None = None
         if self.metering:
@@ -255,6 +261,21 @@ class Telemetry:
         wall-clock nanoseconds the fetch that delivered it started and ended."""
         if not self.tracing:
             return NO_TRACE
+        drops = self._drops
+        if drops is not None:  # a span the sampler drops is not started at all
+            headers = job.headers
+            if self.link or not headers:
+                if drops.roots:  # its handler's spans are roots too, dropped alike
+                    return self._dropped_root()
+            else:
+                parent = self._header_contexts.of(headers)
+                producer = trace.get_current_span(parent).get_span_context()
+                if not producer.is_valid:
+                    if drops.roots:
+                        return self._dropped_root()
+                elif drops.sampled if producer.trace_flags.sampled else drops.unsampled:
+                    # the handler's spans are the producer's children, dropped alike
+                    return SampledOutJobTrace(parent)
         attrs = self._process_attrs.get(job.task)
         if attrs is None:
             attrs = self._process_attrs[job.task] = process_attributes(self, job.task)
@@ -266,6 +287,15 @@ class Telemetry:
         if self.detail == "job":
             return RecordingJobTrace(self, span, extracted, fetched, job)
         return StagesJobTrace(self, span, extracted, fetched, job)
+
+    @staticmethod
+    def _dropped_root() -> JobTrace:
+        """The trace of a job whose root span the sampler drops: nothing to do when nothing
+        is current (the worker's usual context: no span, no baggage), else the handler runs
+        with no span current."""
+        if not otel_context.get_current():
+            return NO_TRACE
+        return SampledOutJobTrace(UNSAMPLED_ROOT)
 
     def lock(self, name: str) -> AbstractContextManager[Any]:
         """A span around a lock acquisition."""
