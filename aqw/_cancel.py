@@ -163,3 +163,16 @@ class Guarded(Generic[T]):
         with contextlib.suppress(RuntimeError):  # it awaited while closing: nothing more to do
             self._coro.close()
         raise HandlerStopped(reason)
+
+
+async def stop_task(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` and wait until it has ended, cancelling it again every ``REPEAT``
+    seconds: a background loop's one cancel can be swallowed (``asyncio.wait_for`` on Python
+    3.11, inside nats-py's watchers and reads), and a stop awaiting it then never returned.
+    The caller's own cancellation is not swallowed; the task's own error is dropped (it was
+    being stopped)."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=REPEAT)
+    if not task.cancelled():
+        task.exception()  # retrieved: a loop that failed as it stopped is no news

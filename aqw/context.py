@@ -6,14 +6,16 @@ import json
 import logging
 from collections.abc import Callable, MutableMapping
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .brokers.batching import BATCH_INFO_HEADER, BatchInfo
-from .cache import Cache
 from .errors import ConfigError
 from .idempotency import SqlCompletionStore, context_effect
 from .job import Job
 from .lease import Lease
+
+if TYPE_CHECKING:  # the cache's module loads redis-py
+    from .cache import Cache
 
 _log = logging.getLogger("aqw.job")
 

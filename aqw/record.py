@@ -26,7 +26,7 @@ import math
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Protocol, get_args
 
 from pydantic import BaseModel, ConfigDict
 
@@ -218,3 +218,32 @@ class JobInfo(BaseModel):
 def stamp(seconds: float | None) -> str:
     """A time as a record field: seconds since the epoch, or '' for none."""
     return "" if seconds is None else repr(float(seconds))
+
+
+class Enqueued(Protocol):
+    """What a job's first record is made of (``aqw.job.Job`` has it)."""
+
+    @property
+    def task(self) -> str: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def enqueued_at(self) -> float: ...
+    @property
+    def expires_at(self) -> float | None: ...
+    @property
+    def key(self) -> str | None: ...
+
+
+def queued_fields(job: Enqueued, due: float | None) -> dict[str, str]:
+    """The record of ``job`` as its enqueue writes it, on every broker (``due``: its run
+    time when delayed)."""
+    return {
+        "state": "delayed" if due is not None else "queued",
+        "task": job.task,
+        "attempts": str(job.attempt - 1),
+        "enqueued_at": repr(job.enqueued_at),
+        "run_at": stamp(due),
+        "expires_at": stamp(job.expires_at),
+        "key": job.key or "",
+    }

@@ -15,11 +15,13 @@ import math
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
-
 from ._text import error_line, quoted
+
+if TYPE_CHECKING:
+    from croniter import croniter
 
 __all__ = ["MAX_CATCH_UP", "MIN_EVERY", "Cron", "Every", "Schedule", "tick_iso", "tick_key"]
 
@@ -129,6 +131,8 @@ class Cron(Schedule):
             or len(expression.split()) not in (5, 6)
         ):
             return f"cron must be 5 or 6 (seconds first) fields, got {quoted(expression)}"
+        from croniter import croniter  # loaded by the first cron schedule, not by `import aqw`
+
         try:
             croniter(expression, second_at_beginning=self._seconds_first())
         except Exception as exc:
@@ -150,6 +154,8 @@ class Cron(Schedule):
         return None
 
     def _iter(self, moment: float) -> croniter:
+        from croniter import croniter
+
         start = datetime.fromtimestamp(moment, self._zone())
         return croniter(self.expression, start, second_at_beginning=self._seconds_first())
 

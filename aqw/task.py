@@ -224,7 +224,8 @@ class Task(Generic[R]):
                 first enqueue, however long the burst goes on (>= ``debounce``).
             fairness_key: the key whose fair share the job counts in (over the task's
                 ``fairness_key``); ``fairness_weight``: its weight (default: the task's, 1).
-            conn: a PostgreSQL connection (asyncpg, or psycopg 3 ``AsyncConnection``) with a
+            conn: a PostgreSQL connection (asyncpg, psycopg 3 ``AsyncConnection``, or SQLAlchemy
+                ``AsyncConnection``/``AsyncSession``) with a
                 transaction open: the job is written to the app's outbox in that
                 transaction and relayed once it commits (never, if it rolls back). The
                 returned id is the job's; ``duplicate`` is always False (a key that matches

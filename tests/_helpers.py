@@ -7,9 +7,12 @@ import asyncio
 import contextlib
 import os
 import socket
+import subprocess
+import sys
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
@@ -216,13 +219,24 @@ def require_real_redis() -> None:
 
 @contextlib.contextmanager
 def moto_server() -> Iterator[str]:
-    """A moto server (SQS and the other AWS APIs) on a free loopback port; its endpoint URL."""
-    from moto import server as server_mod
-
-    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
+    """A moto server (SQS and the other AWS APIs) on a free loopback port, in a process of
+    its own (``tests/_moto_proc.py``); its endpoint URL."""
+    script = Path(__file__).with_name("_moto_proc.py")
+    server = subprocess.Popen(
+        [sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
-        yield f"http://{host}:{port}"
+        assert server.stdout is not None
+        port = server.stdout.readline().strip()
+        if not port.isdigit():
+            raise RuntimeError(f"the moto server did not start (exit code {server.wait(10)})")
+        yield f"http://127.0.0.1:{port}"
     finally:
-        server.stop()
+        assert server.stdin is not None and server.stdout is not None
+        server.stdin.close()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        server.stdout.close()

@@ -519,4 +519,4 @@ async def test_bad_call_arguments(
 ) -> None:
     with pytest.raises(ConfigError, match=name):
         await call(cache)
-    assert [k async for k in redis_client.scan_iter(match=f"{cache.prefix}:*")] == []
+    assert [k async for k in redis_client.scan_iter(match=f"{cache.prefix}:*", count=1000)] == []

@@ -28,7 +28,7 @@ def prefix() -> str:
 
 
 async def _cleanup(client: Redis, prefix: str) -> None:
-    keys = [k async for k in client.scan_iter(match=f"{prefix}*")]
+    keys = [k async for k in client.scan_iter(match=f"{prefix}*", count=1000)]
     if keys:
         await client.delete(*keys)
 

@@ -1,4 +1,5 @@
-"""The ``aqw`` command line as a person meets it, run as ``python -m aqw`` subprocesses:
+"""The ``aqw`` command line as a person meets it, run as ``python -m aqw`` processes (forked
+by ``tests/_cli_runs.py``, each with its own environment, directory and exit status):
 ``--version``, the log options before or after the subcommand, an explicit 0 being a value
 (refused where it makes no sense, never silently the default), one way to name the app
 (``APP``, ``--app``, ``AQW_APP``), and SQS set-up mistakes (no region, no or refused
@@ -23,6 +24,7 @@ import pytest
 
 from aqw._version import __version__
 from aqw.cli._main import build_parser
+from tests._cli_runs import run_aqw
 from tests._helpers import free_port
 
 APP_SOURCE = """
@@ -75,14 +77,7 @@ def project(tmp_path: Path) -> Path:
 def aqw(
     cwd: Path, *argv: str, env: dict[str, str] | None = None, timeout: float = 30
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "aqw", *argv],
-        cwd=cwd,
-        env={**BASE_ENV, "HOME": str(cwd), **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_aqw(argv, cwd, {**BASE_ENV, "HOME": str(cwd), **(env or {})}, timeout)
 
 
 def explain(result: subprocess.CompletedProcess[str]) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from aqw.errors import EXTRAS, extra_hint
+from tests._cli_runs import run_aqw
 from tests._helpers import REDIS_URL, free_port
 
 pytestmark = [pytest.mark.timeout(90)]
@@ -67,14 +68,7 @@ def env_of(cwd: Path, **extra: str) -> dict[str, str]:
 def aqw(
     cwd: Path, *argv: str, env: dict[str, str] | None = None, timeout: float = 30
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "aqw", *argv],
-        cwd=cwd,
-        env=env or env_of(cwd),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_aqw(argv, cwd, env or env_of(cwd), timeout)
 
 
 def explain(result: subprocess.CompletedProcess[str]) -> str:

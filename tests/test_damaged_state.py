@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 import time
 from typing import Any
 
@@ -44,6 +43,7 @@ from aqw.errors import FenceCorrupted
 from aqw.lease import Lease
 from aqw.monitor import CallbackSink, Monitor
 from aqw.status import gather_status, render
+from tests._cli_runs import run_aqw
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -62,13 +62,7 @@ def raw_controls(out: bytes) -> list[bytes]:
 
 
 def aqw_cli(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [sys.executable, "-m", "aqw", "--log-level", "WARNING", *argv],
-        env=env,
-        capture_output=True,
-        timeout=30,
-        check=False,
-    )
+    return run_aqw(["--log-level", "WARNING", *argv], None, env, text=False)
 
 
 def ok(done: subprocess.CompletedProcess[bytes]) -> bytes:

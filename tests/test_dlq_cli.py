@@ -9,7 +9,6 @@ import asyncio
 import importlib.util
 import json
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Sequence
@@ -23,6 +22,7 @@ from redis.asyncio import Redis
 
 import aqw
 from aqw.brokers.redis import RedisBroker
+from tests._cli_runs import run_aqw
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.redis]
 
@@ -72,18 +72,10 @@ class Cli:
     def __call__(
         self, *args: str, target: bool = True, env: dict[str, str] | None = None
     ) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "aqw", "--log-level", "WARNING", "dlq", *args]
+        command = ["--log-level", "WARNING", "dlq", *args]
         if target:
             command += ["--broker", REDIS_URL, "--queue", self.queue]
-        return subprocess.run(
-            command,
-            cwd=self.cwd,
-            env={**self.env, **(env or {})},
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
+        return run_aqw(command, self.cwd, {**self.env, **(env or {})})
 
     def ok(self, *args: str, **kwargs: Any) -> str:
         done = self(*args, **kwargs)

@@ -19,6 +19,9 @@ states about metric names, CLI commands and Kubernetes manifests matches the cod
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
+import io
 import os
 import re
 import subprocess
@@ -32,7 +35,9 @@ import redis
 import yaml
 
 from aqw._redis.keys import QueueKeys
+from aqw.cli._main import build_parser
 from aqw.telemetry import METRICS
+from tests._cli_runs import run_aqw, run_script
 from tests._helpers import PG_DSNS, REDIS_URL, moto_server, pg_where, require_real_redis
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,6 +66,13 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _run(args: list[str], timeout: float, **extra: str) -> subprocess.CompletedProcess[str]:
+    """``args`` run in the repository with the docs' environment: ``python -m aqw ...`` and
+    ``python sample.py`` forked by ``tests/_cli_runs.py`` (a process each, without aqw's
+    start-up each time), anything else as a subprocess."""
+    if args[:3] == [sys.executable, "-m", "aqw"]:
+        return run_aqw(args[3:], ROOT, _env(**extra), timeout)
+    if len(args) == 2 and args[0] == sys.executable and args[1].endswith(".py"):
+        return run_script(Path(args[1]), ROOT, _env(**extra), timeout)
     return subprocess.run(
         args, cwd=ROOT, env=_env(**extra), capture_output=True, text=True, timeout=timeout
     )
@@ -334,12 +346,24 @@ def _documented() -> dict[str, set[str]]:
 DOCUMENTED = _documented()
 
 
-def _listed_subcommands() -> set[str]:
+@functools.cache
+def _listed_subcommands() -> frozenset[str]:
+    """The subcommands ``aqw --help`` lists, from the real command (once per process)."""
     result = _run([sys.executable, "-m", "aqw", "--help"], timeout=60)
     assert result.returncode == 0, _explain(result)
     match = re.search(r"\{([a-z,]*worker[a-z,]*)\}", result.stdout)  # not {text,json}
     assert match, result.stdout
-    return set(match[1].split(","))
+    return frozenset(match[1].split(","))
+
+
+def _help_of(sub: str) -> str:
+    """``aqw SUB --help``, from the CLI's own parser in this process: a subprocess each
+    (a Python start and aqw's import, seconds on a loaded machine) bought nothing more."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args([*sub.split(), "--help"])
+    assert exit_.value.code == 0, out.getvalue()
+    return out.getvalue()
 
 
 def test_docs_show_the_main_commands() -> None:
@@ -349,12 +373,9 @@ def test_docs_show_the_main_commands() -> None:
 @pytest.mark.parametrize("sub", sorted(DOCUMENTED))
 def test_documented_command_exists(sub: str) -> None:
     assert sub.split()[0] in _listed_subcommands(), f"`aqw {sub}` is documented but not listed"
-    result = _run([sys.executable, "-m", "aqw", *sub.split(), "--help"], timeout=60)
-    assert result.returncode == 0, _explain(result)
-    missing = sorted(
-        o for o in DOCUMENTED[sub] if not re.search(rf"{re.escape(o)}\b", result.stdout)
-    )
-    assert not missing, f"`aqw {sub} --help` does not know {missing}:\n{result.stdout}"
+    text = _help_of(sub)
+    missing = sorted(o for o in DOCUMENTED[sub] if not re.search(rf"{re.escape(o)}\b", text))
+    assert not missing, f"`aqw {sub} --help` does not know {missing}:\n{text}"
 
 
 # -- Kubernetes examples ----------------------------------------------------------------------

@@ -298,6 +298,22 @@ def test_a_runaway_is_logged_with_a_clock_starting_at_zero(
     assert len(runaway_logs(caplog)) == 1
 
 
+def test_the_window_keeps_slots_not_runs_and_counts_within_one_slot() -> None:
+    clock = Clock()
+    guard = RunawayGuard(window=60, threshold=0.5, min_runs=10, clock=clock)
+    for _ in range(600):  # 10 minutes of 100 runs a second, a third of them retried
+        for n in range(100):
+            guard.record("pay", retried=n % 3 == 0)
+        clock.advance(1)
+    kept = guard._runs["pay"]
+    assert len(kept.slots) <= 61  # one per second of the window, whatever the rate
+    assert 6_000 <= kept.runs <= 6_100 and guard.retry_rate("pay") == pytest.approx(34 / 100)
+    clock.advance(59)  # one slot of the last window left at most
+    assert guard.retry_rate("pay") == pytest.approx(34 / 100) and kept.runs <= 100
+    clock.advance(2)
+    assert guard.retry_rate("pay") == 0.0 and kept.runs == 0 and not guard.running_away("pay")
+
+
 async def test_the_worker_slows_a_runaway_task_and_recovers(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

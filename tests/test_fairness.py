@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -192,7 +194,7 @@ async def test_a_queue_without_fairness_keys_keeps_its_layout(redis_backend: Bac
     await plain.enqueue(5)
     await run_burst(app)
     assert redis_backend.raw is not None
-    keys = [k async for k in redis_backend.raw.scan_iter(f"aqw:{{{app.queue}}}:fair*")]
+    keys = [k async for k in redis_backend.raw.scan_iter(f"aqw:{{{app.queue}}}:fair*", count=1000)]
     assert keys == []
     assert await redis_backend.raw.smembers(f"aqw:{{{app.queue}}}:levels") == set()
     assert b"fairness" not in Job(task="plain").encode()
@@ -284,8 +286,17 @@ async def test_three_processes_start_a_new_tenant_within_the_bound(
         await eventually(
             lambda: _at_least(client, ledger, 200), 60, "200 starts", interval=0.05, procs=procs
         )
-        seen = await client.llen(ledger)  # type: ignore[misc]
-        await task.enqueue({"tenant": "B", "n": 0})
+        # The workers are frozen while the ledger is counted and B enqueued: no start can
+        # fall between the count and the enqueue (on a loaded machine several did), so the
+        # starts counted after it are exactly those after B's arrival.
+        for proc in procs:
+            os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            seen = await _settled_length(client, ledger)
+            await task.enqueue({"tenant": "B", "n": 0})
+        finally:
+            for proc in procs:
+                os.kill(proc.pid, signal.SIGCONT)
         await eventually(
             lambda: _has_b(client, ledger), 60, "B's start", interval=0.05, procs=procs
         )
@@ -337,6 +348,18 @@ async def test_three_processes_hold_the_weights_within_5_percent(
 
 async def _at_least(client: Redis, key: str, n: int) -> bool:
     return bool(await client.llen(key) >= n)  # type: ignore[misc]
+
+
+async def _settled_length(client: Redis, key: str) -> int:
+    """The list's length once it stops changing: a push a frozen worker had sent before its
+    SIGSTOP still lands."""
+    length = -1
+    while True:
+        now = int(await client.llen(key))  # type: ignore[misc]
+        if now == length:
+            return now
+        length = now
+        await asyncio.sleep(0.05)
 
 
 async def _has_b(client: Redis, key: str) -> bool:

@@ -24,7 +24,6 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,7 @@ from aqw.errors import LeaseUnavailable
 from aqw.job import Job
 from aqw.lease import Lease
 from aqw.status import gather_status, render
+from tests._cli_runs import run_aqw
 from tests._helpers import eventually
 
 pytestmark = pytest.mark.timeout(60)
@@ -213,13 +213,7 @@ async def test_the_dashboard_running_page_names_the_blocked_job(redis_backend: B
 
 
 def aqw_cli(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [sys.executable, "-m", "aqw", "--log-level", "WARNING", *argv],
-        env=env,
-        capture_output=True,
-        timeout=30,
-        check=False,
-    )
+    return run_aqw(["--log-level", "WARNING", *argv], None, env, text=False)
 
 
 APP_MODULE = """

@@ -374,7 +374,7 @@ async def test_the_enqueue_scripts_check_their_numbers_before_writing(
     for name, script_keys, argv in calls:
         with pytest.raises(redis.exceptions.ResponseError, match="nothing written"):
             await scripts.load(name)(client, script_keys, argv)
-        written = [k async for k in client.scan_iter(f"{keys.tag}:*")]
+        written = [k async for k in client.scan_iter(f"{keys.tag}:*", count=1000)]
         assert written == [], f"{name} wrote {written}"
 
 

@@ -302,5 +302,10 @@ async def test_records_expire_after_keep_for(backend: Backend) -> None:
         await asyncio.sleep(max(0.0, ended + 1.3 - asyncio.get_running_loop().time()))
         assert await app.job(job_id) is None
     if backend.raw is not None:
-        left = [k async for k in backend.raw.scan_iter(match=f"aqw:{{{backend.queue}}}:*{job_id}*")]
+        left = [
+            k
+            async for k in backend.raw.scan_iter(
+                match=f"aqw:{{{backend.queue}}}:*{job_id}*", count=1000
+            )
+        ]
         assert left == []

@@ -23,7 +23,9 @@ import asyncpg
 import psycopg
 import pytest
 import redis
+import sqlalchemy
 from pydantic import BaseModel, ValidationError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, create_async_engine
 
 import aqw
 from aqw.errors import LeaseLost
@@ -192,7 +194,9 @@ async def test_refusals_are_one_line(setup: Setup) -> None:
     async with setup.conn.transaction():
         with pytest.raises(aqw.ConfigError, match="debounce cannot go through the outbox"):
             await task.enqueue(Receipt(order_id=1), key="k", debounce=1, conn=setup.conn)
-    with pytest.raises(aqw.ConfigError, match="asyncpg connection or a psycopg"):
+    with pytest.raises(
+        aqw.ConfigError, match="asyncpg connection, a psycopg AsyncConnection, or an SQLAlchemy"
+    ):
         await task.enqueue(Receipt(order_id=1), conn=object())
     plain = aqw.App("memory://")
     plain_task = _task(plain)
@@ -229,6 +233,67 @@ async def test_psycopg_connection_writes_in_its_transaction(setup: Setup) -> Non
                 await task.enqueue_many([Receipt(order_id=2)] * 3, conn=pconn)
                 raise RuntimeError("rolled back")
     assert await setup.rows() == 1
+    await app.close()
+
+
+@pytest.mark.parametrize("driver", ["asyncpg", "psycopg"])
+@pytest.mark.parametrize("kind", ["connection", "session"])
+async def test_sqlalchemy_commit_yields_one_job_rollback_none(
+    setup: Setup, driver: str, kind: str
+) -> None:
+    app = setup.app()
+    task = _task(app)
+    engine = create_async_engine(setup.dsn.replace("postgresql://", f"postgresql+{driver}://", 1))
+    order = sqlalchemy.text("SELECT 1")  # the caller's own statement in the same transaction
+    try:
+        if kind == "connection":
+            async with engine.begin() as sconn:
+                assert isinstance(sconn, AsyncConnection)
+                await sconn.execute(order)
+                kept = await task.enqueue(Receipt(order_id=1), conn=sconn)
+            with pytest.raises(RuntimeError):
+                async with engine.begin() as sconn:
+                    await task.enqueue_many([Receipt(order_id=2)] * 3, conn=sconn)
+                    raise RuntimeError("rolled back")
+        else:
+            async with AsyncSession(engine) as session:
+                async with session.begin():
+                    await session.execute(order)
+                    kept = await task.enqueue(Receipt(order_id=1), conn=session)
+                with pytest.raises(RuntimeError):
+                    async with session.begin():
+                        await task.enqueue(Receipt(order_id=2), conn=session)
+                        raise RuntimeError("rolled back")
+                await task.enqueue(Receipt(order_id=3), conn=session)  # autobegun, never
+                await session.rollback()  # committed: gone with the rollback
+    finally:
+        await engine.dispose()
+    assert await setup.rows() == 1
+    assert await _relay_all(setup, app) == 1
+    jobs = setup.stream_jobs()
+    assert [(j["id"], j["payload"]) for j in jobs] == [(kept, {"order_id": 1})]
+    await app.close()
+
+
+async def test_sqlalchemy_autocommit_and_missing_tables_are_refused(setup: Setup) -> None:
+    app = setup.app()
+    task = _task(app)
+    engine = create_async_engine(setup.dsn.replace("postgresql://", "postgresql+asyncpg://", 1))
+    try:
+        async with engine.connect() as sconn:
+            auto = await sconn.execution_options(isolation_level="AUTOCOMMIT")
+            with pytest.raises(aqw.ConfigError, match="AUTOCOMMIT isolation"):
+                await task.enqueue(Receipt(order_id=1), conn=auto)
+        absent = aqw.App(
+            REDIS_URL, queue=setup.queue, outbox=Outbox(setup.dsn, schema="aqw_ob_absent")
+        )
+        with pytest.raises(aqw.ConfigError, match="outbox tables are missing"):
+            async with engine.begin() as sconn:
+                await _task(absent).enqueue(Receipt(order_id=1), conn=sconn)
+        await absent.close()
+    finally:
+        await engine.dispose()
+    assert await setup.rows() == 0
     await app.close()
 
 

@@ -372,7 +372,9 @@ async def test_a_queue_without_priorities_keeps_its_layout(redis_backend: Backen
     raw = redis_backend.raw
     assert raw is not None
     tag = f"aqw:{{{redis_backend.queue}}}:"
-    names = sorted([k.decode()[len(tag) :] async for k in raw.scan_iter(match=tag + "*")])
+    names = sorted(
+        [k.decode()[len(tag) :] async for k in raw.scan_iter(match=tag + "*", count=1000)]
+    )
     assert [n for n in names if not n.startswith("job:")] == ["delayed", "stream"]
     [[_, fields]] = await raw.xrange(tag + "stream", count=1)
     assert "priority" not in json.loads(fields[b"j"])

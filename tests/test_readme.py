@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
+
+from tests._cli_runs import run_aqw
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -37,12 +37,7 @@ def test_every_aqw_command_in_the_readme_is_accepted() -> None:
     assert lines, "the README shows aqw commands"
     for words in lines:
         command = words[1] if words[1] not in ("dlq", "job") else f"{words[1]} {words[2]}"
-        result = subprocess.run(
-            [sys.executable, "-m", "aqw", *command.split(), "--help"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        result = run_aqw([*command.split(), "--help"], timeout=60)
         assert result.returncode == 0, result.stderr
         for option in (w for w in words if w.startswith("--")):
             assert option in result.stdout, f"`aqw {command}` has no {option}"

@@ -159,7 +159,7 @@ async def test_no_lease_without_validity_time(nodes: RedisNodes, key: str) -> No
 
 
 async def test_renewal_keeps_the_lease_past_several_ttls(backend: RedlockBackend, key: str) -> None:
-    async with Lease(backend, key, ttl=TTL) as lease:
+    async with Lease(backend, key, ttl=TTL, wait=10.0) as lease:  # a slow first quorum: again
         await asyncio.sleep(4 * TTL)
         assert await _refused(backend, key)
         # a quorum holds it (a node whose renewal missed its per-node timeout on a loaded
@@ -176,7 +176,7 @@ async def test_lease_survives_one_node_killed(
     nodes: RedisNodes, backend: RedlockBackend, key: str
 ) -> None:
     completed = False
-    async with Lease(backend, key, ttl=TTL) as lease:
+    async with Lease(backend, key, ttl=TTL, wait=10.0) as lease:  # a slow first quorum: again
         await asyncio.sleep(TTL / 2)
         nodes.kill(0)
         renewals_at_kill = lease.renewals
@@ -195,7 +195,7 @@ async def test_lease_lost_when_two_nodes_killed(
     events: list[str] = []
     killed_at = 0.0
     with pytest.raises(LeaseLost) as info:
-        async with Lease(backend, key, ttl=TTL) as lease:
+        async with Lease(backend, key, ttl=TTL, wait=10.0) as lease:  # a slow first quorum: again
             await asyncio.sleep(TTL / 4)
             nodes.kill(0)
             nodes.kill(1)

@@ -418,9 +418,45 @@ async def test_burst_waits_for_its_own_retry_when_counts_read_empty() -> None:
         return aqw.QueueDepth(waiting=0, in_flight=0, delayed=0, dead=0)
 
     broker.depth = nothing_counted  # type: ignore[method-assign]
+    broker.depth_lag = 2.0  # as SQS's: its counts may miss a retry as it turns visible
     await flaky.enqueue(1)
     worker = app.worker(burst=True, concurrency=2)
     await asyncio.wait_for(worker.run(), 10)
     assert runs == [1, 2]
     assert (worker.stats.processed, worker.stats.retried) == (1, 1)
     await app.close()
+
+
+@pytest.mark.parametrize("lag", [0.0, 3600.0])
+async def test_a_burst_ends_after_a_retry_once_its_brokers_depth_lag_has_passed(
+    lag: float,
+) -> None:
+    """Exact counts (``depth_lag`` 0: memory, Redis, PostgreSQL) are believed as soon as the
+    retry came due and ran; a broker whose counts lag holds the burst that long past it."""
+    app = aqw.App("memory://", retry=aqw.RetryPolicy(max_retries=2, base=0.05, cap=0.05))
+    runs: list[int] = []
+
+    @app.task
+    async def flaky(n: int, ctx: aqw.Context) -> None:
+        runs.append(ctx.attempt)
+        if ctx.attempt == 1:
+            raise ConnectionError("upstream unavailable")
+
+    app.broker.depth_lag = lag
+    await flaky.enqueue(1)
+    worker = app.worker(burst=True)
+    run = asyncio.create_task(worker.run())
+    try:
+        if lag == 0.0:
+            await asyncio.wait_for(asyncio.shield(run), 10)
+        else:
+            await eventually(lambda: worker.stats.processed == 1, 10, "the retry's run")
+            await asyncio.sleep(0.5)
+            assert not run.done(), "the burst ended inside its broker's depth lag"
+            worker.request_stop()
+            await asyncio.wait_for(run, 10)
+    finally:
+        run.cancel()
+        await app.close()
+    assert runs == [1, 2]
+    assert (worker.stats.processed, worker.stats.retried) == (1, 1)

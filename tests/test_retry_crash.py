@@ -48,7 +48,7 @@ async def queue_state(client: Redis, keys: QueueKeys) -> dict[str, int]:
         pending = int((await client.xpending(keys.stream, GROUP))["pending"])
     except Exception:
         pending = 0
-    leases = [k async for k in client.scan_iter(match=keys.lease("*"))]
+    leases = [k async for k in client.scan_iter(match=keys.lease("*"), count=1000)]
     return {
         "stream": await client.xlen(keys.stream),
         "pending": pending,
@@ -114,7 +114,7 @@ async def test_a_worker_killed_mid_settle_loses_and_duplicates_nothing(
     # the job's own lease, so a rerun comes no sooner than that, however loaded the machine.
     lease_left = 0.0
     if when == "before":
-        lease_keys = [k async for k in raw.scan_iter(match=keys.lease("*"))]
+        lease_keys = [k async for k in raw.scan_iter(match=keys.lease("*"), count=1000)]
         lease_left = max([await raw.pttl(k) for k in lease_keys] + [0]) / 1000
     crashed_runs = (Path(f"{marker}.runs")).read_text().split()  # noqa: ASYNC240
     assert crashed_runs[0] == "1" and len(crashed_runs) == 2  # one run: attempt 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from functools import partial
-from typing import Any, Literal, TypeVar, Unpack, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, Unpack, overload
 
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
@@ -14,7 +14,6 @@ from .._text import quoted
 from ..brokers import Broker, from_url, with_partitions
 from ..brokers.base import DEFAULT_PRIORITY_SHARE, check_partitions
 from ..brokers.multi import check_queue
-from ..cache import Cache
 from ..errors import ConfigError, UnknownTask
 from ..job import Job
 from ..outbox import Outbox, as_outbox
@@ -33,6 +32,9 @@ from ._producing import enqueue_jobs
 from ._progress import follow
 from ._queue_telemetry import QueueTelemetry
 from ._registration import TaskSettings, task_options
+
+if TYPE_CHECKING:  # the cache's module loads redis-py: an app with a cache has loaded it
+    from ..cache import Cache
 
 R = TypeVar("R")
 
@@ -124,7 +126,7 @@ class App:
             retry=retry,
             trace_link=trace_link,
         )
-        if cache is not None and not isinstance(cache, Cache):
+        if cache is not None and not _is_cache(cache):
             raise ConfigError(f"App cache must be an aqw.Cache, got {quoted(cache)}")
         self.partitions = None if partitions is None else check_partitions(partitions)
         self.broker_url = broker if isinstance(broker, str) else None
@@ -373,3 +375,10 @@ class App:
         """Close the brokers' connections."""
         for broker in [*self._brokers.values(), self.broker]:
             await broker.close()
+
+
+def _is_cache(value: object) -> bool:
+    """Whether ``value`` is an ``aqw.Cache`` (its module, and redis-py, loaded only here)."""
+    from ..cache import Cache
+
+    return isinstance(value, Cache)

@@ -289,7 +289,8 @@ def debounced(broker: Broker) -> Debounce:
     if not part.shared and not broker.in_process:
         raise ConfigError(
             f"enqueue: debounce needs debounced jobs shared across processes, and the "
-            f"{broker.system} broker keeps them in this process only: use redis://"
+            f"{broker.system} broker keeps them in this process only: use redis:// or "
+            "postgresql://"
         )
     return part
 

@@ -4,16 +4,18 @@ defaults into the ``TaskOptions`` the runtime reads."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from ..brokers.multi import check_queue
-from ..cache import Cache
 from ..errors import ConfigError
 from ..flow import Adaptive, fairness, flow_control
 from ..retry import RetryPolicy, error_classes
 from ..schedule import Schedule
 from ..task import Invalidates, TaskOptions
 from ._arguments import check_task_name, check_task_options, priority_of
+
+if TYPE_CHECKING:  # the cache's module loads redis-py
+    from ..cache import Cache
 
 
 class TaskSettings(TypedDict, total=False):

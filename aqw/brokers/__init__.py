@@ -16,11 +16,10 @@ so that ``pip install aqw-plug`` makes ``App("plug://...")`` work without touchi
 from __future__ import annotations
 
 from collections.abc import Callable
-from importlib.metadata import entry_points
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError, extra_hint
-from . import memory, redis
+from . import memory
 from .base import Broker, check_partitions
 from .messages import (
     CancelOutcome,
@@ -67,6 +66,18 @@ def _memory(url: str, queue: str, partitions: int | None) -> Broker:
     return memory.from_url(url, queue)
 
 
+#: The Redis family's URL schemes.
+REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
+
+
+def _redis(url: str, queue: str, partitions: int | None) -> Broker:
+    # redis-py is loaded when a URL asks for Redis: an app on another broker, and
+    # ``import aqw``, do without its import (about 0.2 s of CPU at every start).
+    from . import redis
+
+    return redis.from_url(url, queue, partitions)
+
+
 def _sqs(url: str, queue: str, partitions: int | None) -> Broker:
     _one_partition(partitions, "SQS scales a queue by itself")
     try:
@@ -103,7 +114,7 @@ def _nats(url: str, queue: str, partitions: int | None) -> Broker:
 #: URL scheme -> the family that opens it.
 FAMILIES: dict[str, Family] = {
     "memory": _memory,
-    **dict.fromkeys(redis.SCHEMES, redis.from_url),
+    **dict.fromkeys(REDIS_SCHEMES, _redis),
     "sqs": _sqs,
     "postgresql": _postgres,
     "postgres": _postgres,
@@ -119,6 +130,8 @@ def _one_partition(partitions: int | None, why: str) -> None:
 def _registered(scheme: str) -> Family | None:
     """The family an installed package registers for ``scheme`` (entry point group
     ``aqw.brokers``), as an opener of the table's shape; None when there is none."""
+    from importlib.metadata import entry_points  # read for a scheme outside aqw only
+
     found = [ep for ep in entry_points(group=ENTRY_POINTS) if ep.name.lower() == scheme]
     if not found:
         return None
@@ -177,4 +190,6 @@ def with_partitions(broker: Broker, partitions: int | None) -> Broker:
     if broker.in_process:
         check_partitions(partitions)
         return broker
+    from . import redis  # a broker object given with partitions: the Redis family's
+
     return redis.spread(broker, check_partitions(partitions))

@@ -115,6 +115,12 @@ class Broker(abc.ABC):
     #: shared as the queue itself, so the features that need shared parts are allowed.
     in_process: bool = False
 
+    #: Seconds after a retry comes due during which ``depth()`` may still count it nowhere
+    #: (neither delayed, waiting nor in flight): 0 where a retry moves in one atomic step
+    #: and the counts are exact. A burst worker does not believe an empty queue that soon
+    #: after its own latest retry came due.
+    depth_lag: float = 0.0
+
     #: True when a job's id says where the job lives (a partitioned queue): the producer
     #: then takes each job's id from ``job_id_for``.
     routes_jobs: bool = False
@@ -249,6 +255,15 @@ class Broker(abc.ABC):
         fraction of the fetches that find several levels waiting start from the lowest
         waiting level instead (0: strict order; ``aqw.brokers.local.ShareCredit`` counts
         the turns). Each delivery counts as one more delivery of its job."""
+
+    async def fetch_together(
+        self, queues: Sequence[Broker], consumer: str, count: int, block: float
+    ) -> list[tuple[int, Delivery]] | None:
+        """Up to ``count`` new deliveries of ``queues`` (this broker among them) in one
+        blocking read as ``consumer``: (the index of its queue, the delivery). None when this
+        family cannot wait on those queues at once; a multi-queue worker then waits on
+        each in turn."""
+        return None
 
     async def reclaim(
         self, count: int, lease_ttl: Callable[[Job | None], float], min_idle: float

@@ -21,8 +21,7 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from .._redis.client import CLIENT_ERRORS
-from .._redis.cluster import cluster_redirect
+from .._redis.loaded import client_errors, cluster_redirect
 from .._text import printable
 from .._version import __version__
 from ..errors import AqwError, ConfigError, UnknownJob, UnknownTask
@@ -172,7 +171,7 @@ def report(exc: Exception) -> int | None:
     elif (redirect := cluster_redirect(exc)) is not None:
         error_line(redirect)
         return EXIT_USAGE
-    elif isinstance(exc, (ConnectionError, OSError, *CLIENT_ERRORS)):
+    elif isinstance(exc, (ConnectionError, OSError, *client_errors())):
         error_line(f"cannot reach the broker: {printable(exc)}")
         return EXIT_FAILED
     else:

@@ -24,7 +24,6 @@ from typing import Any, cast
 
 from .._cancel import Canceller
 from .._ids import new_token, now
-from .._redis.lease import RedisLeaseBackend
 from ..errors import ConfigError, LeaseLost, LeaseUnavailable
 from ._backend import LeaseBackend, is_lease_backend
 from ._keeper import LeaseKeeper, RenewalTimes
@@ -85,6 +84,8 @@ class Lease:
         if is_lease_backend(backend):
             self.backend: LeaseBackend = backend
         else:
+            from .._redis.lease import RedisLeaseBackend  # redis-py, loaded when used
+
             redis_backend = RedisLeaseBackend(cast(Any, backend))
             redis_backend.fence_key(key)  # on a cluster: a key it cannot fence fails here
             self.backend = redis_backend
@@ -225,6 +226,8 @@ class Lease:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self._state == "handed_over" and self._guard is None and self._block is None:
+            return  # hand_over stopped the renewals and the guard; the settle releases it
         self._stop_renewing()
         others = self._close_guard()
         try:

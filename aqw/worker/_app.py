@@ -4,14 +4,16 @@ Protocol, never by importing ``aqw.app``."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..brokers.base import Broker
-from ..cache import Cache
 from ..job import Job
 from ..outbox import Outbox
 from ..task import Task
 from ..telemetry import Telemetry
+
+if TYPE_CHECKING:  # the cache's module loads redis-py
+    from ..cache import Cache
 
 
 class WorkerApp(Protocol):

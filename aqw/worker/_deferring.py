@@ -34,8 +34,11 @@ def start_backend(
     is still this consumer's: under its limits (the task's, and the implicit cap of a
     debounced job, ``aqw.flow.debounce_cap``) when the broker enforces them
     (``broker.flow_limits``)."""
-    if broker.flow_limits is not None:
-        limits = task.options.flow.limits(task.name, payload, job)
+    flow = task.options.flow
+    if job.key is None and flow.rate is None and flow.concurrency_key is None:
+        pass  # no limit of any kind (a debounce cap needs a key): nothing to compute
+    elif broker.flow_limits is not None:
+        limits = flow.limits(task.name, payload, job)
         if limits:
             run = broker.run_limits  # limits changed at run time (``aqw limits set``)
             changed = run.current() if run is not None else None

@@ -148,14 +148,16 @@ class RunawayGuard:
         """Count one settled run of ``task``; ``retried`` when it was scheduled to retry."""
         runs = self._runs.get(task)
         if runs is None:
-            runs = self._runs[task] = _Window()
+            runs = self._runs[task] = _Window(self.window)
         now = self._clock()
-        events = runs.events  # runs.add and runs.trim, inline: this runs once per job
-        events.append((now, retried))
-        runs.retried += retried
-        horizon = now - self.window
-        while events and events[0][0] < horizon:
-            runs.retried -= events.popleft()[1]
+        newest = runs.slots[-1] if runs.slots else None
+        if newest is not None and newest[0] == int(now // runs.width):  # runs.add, inline:
+            newest[1] += 1  # this runs once per job
+            newest[2] += retried
+            runs.runs += 1
+            runs.retried += retried
+        else:
+            runs.add(now, retried, now - self.window)
         last = self._warned.get(task)
         if retried and self.running_away(task) and (last is None or now - last > self.window):
             self._warned[task] = now
@@ -174,12 +176,15 @@ class RunawayGuard:
         if runs is None:
             return 0.0
         runs.trim(self._clock() - self.window)
-        return runs.retried / len(runs.events) if runs.events else 0.0
+        return runs.retried / runs.runs if runs.runs else 0.0
 
     def running_away(self, task: str) -> bool:
         """True while ``task``'s retry rate is above the threshold."""
         runs = self._runs.get(task)
-        if runs is None or len(runs.events) < self.min_runs:
+        if runs is None:
+            return False
+        runs.trim(self._clock() - self.window)
+        if runs.runs < self.min_runs:
             return False
         return self.retry_rate(task) > self.threshold
 
@@ -191,19 +196,39 @@ class RunawayGuard:
 
 
 class _Window:
-    """Timestamped outcomes with a running count of retries, trimmed from the left."""
+    """Outcomes counted in ``SLOTS`` time slots of ``width`` seconds, with running sums of runs
+    and retries; slots older than the window are dropped from the left. Memory is bounded by
+    the slots, not by the runs (a worker settling 10,000 jobs a second keeps 60 slots, not
+    600,000 timestamps), and a run that lands in the newest slot allocates nothing."""
 
-    __slots__ = ("events", "retried")
+    __slots__ = ("retried", "runs", "slots", "width")
 
-    def __init__(self) -> None:
-        self.events: deque[tuple[float, bool]] = deque()
+    #: Slots per window: the window is exact to within one slot (1 s of a 60 s window).
+    SLOTS = 60
+
+    def __init__(self, window: float) -> None:
+        self.width = window / self.SLOTS
+        self.slots: deque[list[int]] = deque()  # [slot number, runs, retries], oldest first
+        self.runs = 0
         self.retried = 0
 
-    def add(self, at: float, retried: bool) -> None:
-        self.events.append((at, retried))
+    def add(self, at: float, retried: bool, horizon: float) -> None:
+        number = int(at // self.width)
+        slots = self.slots
+        if slots and slots[-1][0] == number:
+            newest = slots[-1]
+            newest[1] += 1
+            newest[2] += retried
+        else:
+            slots.append([number, 1, int(retried)])
+            self.trim(horizon)
+        self.runs += 1
         self.retried += retried
 
     def trim(self, horizon: float) -> None:
-        events = self.events
-        while events and events[0][0] < horizon:
-            self.retried -= events.popleft()[1]
+        """Drop the slots that ended at or before ``horizon``."""
+        slots, width = self.slots, self.width
+        while slots and (slots[0][0] + 1) * width <= horizon:
+            _, runs, retried = slots.popleft()
+            self.runs -= runs
+            self.retried -= retried

@@ -21,11 +21,6 @@ log = logging.getLogger("aqw.worker")
 
 #: In burst mode, delayed jobs due within this many seconds are waited for.
 BURST_HORIZON = 10.0
-#: In burst mode, seconds past the due time of this worker's own latest retry during which
-#: an empty queue is not believed: a broker whose counts are approximate (SQS rounds a
-#: retry's visibility up to whole seconds and reads its counters one by one) can report
-#: nothing waiting and nothing in flight as the retried message turns visible.
-RETRY_SLACK = 2.0
 #: Seconds between a worker's reads of its queue's pause flag (``broker.control``): a
 #: paused queue is fetched from no more within about this long, at one read per poll.
 PAUSE_POLL = 1.0
@@ -174,7 +169,9 @@ class Intake:
         if self._idle_fetches < 2:
             return
         due = self.retry_due()
-        if due - BURST_HORIZON < time.time() < due + RETRY_SLACK:
+        # Past its due time, an empty queue is believed at once where the counts are exact;
+        # a broker whose counts lag (SQS) is given its ``depth_lag`` first.
+        if due - BURST_HORIZON < time.time() < due + self.broker.depth_lag:
             return
         try:
             depth = await self.broker.depth()
@@ -216,11 +213,18 @@ class Intake:
         slots = self.slots
         while not self.stop.is_set():
             await asyncio.sleep(interval)
+            if self.paused:
+                continue
+            # Under a backlog the fetch refills every slot first: a stopped consumer's jobs
+            # waited for the whole backlog to drain. Then one at a time goes to the buffer
+            # (it starts at the next free slot, before the fetch takes more), up to a
+            # buffer of ``concurrency``.
             free = slots.free - slots.buffered
-            if free <= 0 or self.paused:
+            want = free if free > 0 else int(slots.buffered < slots.concurrency)
+            if want <= 0:
                 continue
             try:
-                deliveries = await self.broker.reclaim(free, self.lease_ttl, self.min_ttl)
+                deliveries = await self.broker.reclaim(want, self.lease_ttl, self.min_ttl)
             except self.transient as exc:
                 self.outage.failed("reclaiming abandoned jobs", exc)
                 continue

@@ -13,13 +13,12 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import Status, StatusCode
 
 from ..brokers.base import Broker, Delivery
 from ..brokers.batching import BATCH_INFO_HEADER
-from ..cache import Cache
 from ..context import Context, ContextHost, job_fields
 from ..errors import (
     JobCancelled,
@@ -44,6 +43,9 @@ from ._needs import check_limits
 from ._running import RunningJob, RunningJobs, WorkerStats
 from ._settle import Settler
 from ._stats import SlidingStats
+
+if TYPE_CHECKING:  # the cache's module loads redis-py
+    from ..cache import Cache
 
 log = logging.getLogger("aqw.worker")
 
@@ -217,7 +219,7 @@ class JobPath:
     ) -> Outcome | None:
         """The handler's outcome under the job's lease; None when another holder has it."""
         jt = run.trace
-        lease_started = now_ns() if self.tel.tracing else 0
+        lease_started = now_ns() if jt.timed else 0
         try:
             taken = await self.take_lease(lease, delivery)
         except JobCancelled:  # cancelled before it started: end it, unrun
@@ -278,7 +280,8 @@ class JobPath:
                 extra=attempt_fields(job, SUCCEEDED, elapsed),
             )
         self.window.duration(elapsed, job.task)
-        self.tel.observe("aqw.job.duration", elapsed, job.task)
+        if self.tel.metering:
+            self.tel.observe("aqw.job.duration", elapsed, job.task)
         if outcome.kind == "ok" and task.options.flow.floor is not None:
             await self.adaptive.grow(self.broker, task)  # an adaptive limit grows back
         return outcome

@@ -3,7 +3,8 @@ at worker start: a feature that needs a part the broker does not have, or has on
 process, is refused with one line naming the task, the feature, the part and the fix.
 
 - ``keep_result`` needs job records shared across processes (a result is read by the
-  producer, elsewhere);
+  producer, elsewhere), or at least their final records (``SharedResults``: SQS with a
+  ``records=redis://`` store), which the worker then asks for those tasks;
 - periodic tasks (``schedule=``) need schedule marks shared across processes (a new leader
   resumes where the last one stopped);
 - ``rate_limit`` and ``max_per_key`` need the start step to enforce them, across every
@@ -20,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..brokers.base import Broker
-from ..brokers.parts import PART_NAMES
+from ..brokers.parts import PART_NAMES, SharedResults
 from ..errors import ConfigError
 from ..task import Task
 
@@ -42,15 +43,21 @@ def check_shared_parts(broker: Broker, tasks: Mapping[str, Task[Any]]) -> None:
         return
     if not broker.records.shared:
         kept = sorted(name for name, task in tasks.items() if task.options.keep_result)
-        if kept:
+        records = broker.records
+        if kept and isinstance(records, SharedResults) and records.results_shared:
+            records.keep_results_of(kept)
+        elif kept:
             feature = f"task {kept[0]!r}: keep_result needs"
-            fix = "keep results on a broker with shared records (redis://), or drop keep_result"
+            fix = (
+                "keep results on a broker with shared records (redis://, postgresql://, "
+                "nats://, or sqs:// with records=redis://), or drop keep_result"
+            )
             raise _local(broker, "records", feature, fix)
     if not broker.marks.shared:
         periodic = sorted(name for name, task in tasks.items() if task.options.schedule)
         if periodic:
             feature = f"periodic tasks ({', '.join(periodic)}) need"
-            fix = "run them on a broker with shared schedule marks (redis://)"
+            fix = "run them on a broker with shared schedule marks (redis://, postgresql://)"
             raise _local(broker, "marks", feature, fix)
 
 
@@ -63,14 +70,15 @@ def check_limits(broker: Broker, tasks: Mapping[str, Task[Any]]) -> None:
             if limits is None or option not in limits.options:
                 raise ConfigError(
                     f"task {name!r}: {option} needs a broker that enforces it across workers "
-                    f"(redis:// or memory://); the {type(broker).__name__} broker does not"
+                    f"(redis://, postgresql:// or memory://); the {type(broker).__name__} broker "
+                    "does not"
                 )
             if not limits.shared and not broker.in_process:
                 needs = f"task {name!r}: {option} needs"
-                raise _local(broker, "flow_limits", needs, "use redis://")
+                raise _local(broker, "flow_limits", needs, "use redis:// or postgresql://")
         if task.options.flow.floor is not None and broker.run_limits is None:
             raise ConfigError(
                 f"task {name!r}: an adaptive rate_limit (aqw.Adaptive) needs limits changed at "
                 f"run time, stored with the queue, and the {broker.system} broker keeps none: "
-                "give a fixed rate_limit, or use redis:// or memory://"
+                "give a fixed rate_limit, or use redis://, postgresql:// or memory://"
             )

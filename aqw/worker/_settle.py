@@ -191,7 +191,8 @@ class Settler:
         else:
             self.stats.processed += 1
             self.window.count("processed", task.name)
-            self.tel.count("aqw.jobs.processed", task.name)
+            if self.tel.metering:
+                self.tel.count("aqw.jobs.processed", task.name)
             self.runaway.record(task.name, False)
 
     async def _fail(

@@ -379,8 +379,10 @@ async def test_settles_refused_for_another_holder_leave_the_record_alone(kit: Ki
     b = kit.broker
     await b.publish([job(1)])
     delivery, j, lease = await start(b)
-    # the lease expired and another holder took the job
+    # the lease expired and another holder took the job: as job_start.lua does, its lease
+    # and its fencing token in the record (the ack goes by the record's token)
     await kit.raw.set(b.keys.lease(j.id), "someone-else", px=30_000)
+    await kit.raw.hset(b.keys.record(j.id), "fencing_token", str(lease.fencing_token + 1))
     before = await kit.fields(j.id)
     assert await b.ack(delivery, j, lease, finish=Finish(result="1")) is False
     assert await b.retry(delivery, j.next_attempt(), time.time(), lease, failure()) is False
@@ -393,6 +395,52 @@ async def test_settles_refused_for_another_holder_leave_the_record_alone(kit: Ki
     with pytest.raises(aqw.LeaseUnavailable):
         await other.acquire()
     assert await kit.fields(j.id) == before
+
+
+async def test_an_ack_goes_by_the_records_fencing_token(kit: Kit) -> None:
+    """The ack skips the lease key while the record names its lease's fencing token and no
+    other consumer has claimed the delivery: a lease that expired untaken still settles; a
+    delivery claimed by another consumer since (reclaim.lua marks the record) is refused, its
+    record left alone, whatever the record's token says."""
+    b = kit.broker
+    await b.publish([job(1)])
+    delivery, j, lease = await start(b)
+    assert (await kit.fields(j.id))["fencing_token"] == str(lease.fencing_token)
+    await kit.raw.delete(b.keys.lease(j.id))  # expired, nobody took it
+    assert await b.ack(delivery, j, lease, finish=Finish(result="1")) is True
+    assert (await kit.fields(j.id))["state"] == "succeeded"
+    assert await kit.stats() == {"processed": "1"}
+    # the next job: its lease expires and another consumer claims the delivery, not yet started
+    await b.publish([job(2)])
+    delivery, j, lease = await start(b, ttl=0.05)
+    other = kit.new_broker()
+    await other.connect()
+    await other.start_consuming("c2")
+    await kit.raw.delete(b.keys.lease(j.id))
+    [again] = await eventually_reclaimed(other)
+    assert again.id == delivery.id
+    before = await kit.fields(j.id)
+    assert before["claimed"] == "c2" and before["fencing_token"] == str(lease.fencing_token)
+    assert await b.ack(delivery, j, lease, finish=Finish(result="2")) is False
+    assert await kit.fields(j.id) == before
+    assert await kit.stats() == {"processed": "1"}
+    # the consumer that claimed it starts and settles it
+    mine = Lease(other.job_lease_backend(j, None, again), other.job_lease_key(j), ttl=30)
+    await mine.acquire()
+    assert await other.ack(again, j, mine, finish=Finish(result="2")) is True
+    assert (await kit.fields(j.id))["state"] == "succeeded"
+    assert await kit.raw.exists(b.keys.lease(j.id)) == 0
+    assert await kit.stats() == {"processed": "2"}
+
+
+async def eventually_reclaimed(broker: RedisBroker, within: float = 10.0) -> list[Delivery]:
+    """What ``broker`` reclaims once the pending entry has been idle 50 ms."""
+    deadline = time.monotonic() + within
+    while True:
+        got = await broker.reclaim(10, lambda _: 0.05, 0.05)
+        if got or time.monotonic() > deadline:
+            return got
+        await asyncio.sleep(0.02)
 
 
 async def test_progress_never_resurrects_a_record(kit: Kit) -> None:

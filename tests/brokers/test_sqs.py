@@ -560,14 +560,15 @@ async def test_delays_short_and_beyond_fifteen_minutes(sqs: SQSKit, new_app: App
 
     broker = broker_of(app)
     t0 = time.time()
-    await app.enqueue(tick, [1], delay=1.5)
+    # 3 s: still delayed when the depth is read, even on a loaded machine (1.5 s was not)
+    await app.enqueue(tick, [1], delay=3.0)
     await app.enqueue(tick, [2], delay=MAX_DELAY + 100)  # DelaySeconds=900 + aqw-not-before
     assert (await broker.depth()).delayed == 2
 
     # A message that arrives before its not-before time (as the 900 s leg would) is not handed
     # out; near its time it is re-sent fresh, so the job still runs as attempt 1.
     job = aqw.Job(task="tick", payload=3)
-    entry = broker._entry(job, 0, time.time() + 2.5)
+    entry = broker._entry(job, 0, t0 + 4.0)
     await sqs.client.send_message(QueueUrl=url, **entry)
     # One far off: hidden with a visibility change instead (it stays in flight).
     far = aqw.Job(task="tick", payload=4)
@@ -577,8 +578,8 @@ async def test_delays_short_and_beyond_fifteen_minutes(sqs: SQSKit, new_app: App
         await until(lambda: len(ran) == 2, 15, "the delayed and the not-before job")
         await asyncio.sleep(0.5)
     (t1, a1, _), (t3, a3, id3) = sorted(ran)
-    assert t1 - t0 >= 1.5 and a1 == 1
-    assert t3 - t0 >= 2.5 and a3 == 1 and id3 == job.id
+    assert t1 - t0 >= 3.0 and a1 == 1
+    assert t3 - t0 >= 4.0 and a3 == 1 and id3 == job.id
     depth = await broker.depth()
     assert (depth.delayed, depth.in_flight) == (1, 1)  # the 900 s leg, and the far one hidden
     await app.close()

@@ -70,7 +70,7 @@ async def records(request: pytest.FixtureRequest, queue: str) -> AsyncIterator[s
         try:
             yield url
         finally:
-            found = [k async for k in probe.scan_iter(match=f"aqw:{{{queue}}}:*")]
+            found = [k async for k in probe.scan_iter(match=f"aqw:{{{queue}}}:*", count=1000)]
             if found:
                 await probe.delete(*found)
             await probe.aclose()

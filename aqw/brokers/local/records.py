@@ -23,7 +23,13 @@ from collections.abc import Callable, Mapping
 
 from ...errors import JobCancelled, UnknownJob
 from ...job import Job
-from ...record import DEFAULT_KEEP_FOR, FINAL_STATES, UNFINISHED_KEEP, JobInfo, stamp
+from ...record import (
+    DEFAULT_KEEP_FOR,
+    FINAL_STATES,
+    UNFINISHED_KEEP,
+    JobInfo,
+    queued_fields,
+)
 from ..messages import CancelOutcome
 from .clock import clock
 from .wakeup import call_in, resolve
@@ -161,15 +167,7 @@ class LocalJobRecords:
         """Record a job just published (``run_at`` None or past: queued) or scheduled."""
         now = clock.time()
         due = run_at if run_at is not None and run_at > now else None
-        fields = {
-            "state": "delayed" if due is not None else "queued",
-            "task": job.task,
-            "attempts": str(job.attempt - 1),
-            "enqueued_at": repr(job.enqueued_at),
-            "run_at": stamp(due),
-            "expires_at": stamp(job.expires_at),
-            "key": job.key or "",
-        }
+        fields = queued_fields(job, due)
         self._put(job.id, fields, UNFINISHED_KEEP + (due - now if due else 0.0))
 
     def is_cancelled(self, job_id: str) -> bool:

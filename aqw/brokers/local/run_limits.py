@@ -8,9 +8,10 @@ limited job has started, so every worker honours a change within a second)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+
+from ..._cancel import stop_task
 
 log = logging.getLogger("aqw.worker")
 
@@ -49,9 +50,7 @@ class OverrideCache:
 
     async def stop(self) -> None:
         if self._loop is not None:
-            self._loop.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop
+            await stop_task(self._loop)
             self._loop = None
 
 

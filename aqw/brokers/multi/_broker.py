@@ -5,9 +5,9 @@ records). A fetch is filled from them in strict order (an earlier queue's waitin
 always taken first) or by weight (smooth weighted round robin over the slots asked for; an
 idle queue's share goes to the others) without waiting; only when all are empty does it
 wait: Redis queues on one server in one blocking read over all of their streams
-(``redis/_wait.py``), others each queue in turn for a short slice (never several blocking
-reads at once: a cancelled blocking read can be swallowed, or leave entries it took with
-this consumer).
+(``Broker.fetch_together``), others each queue in turn for a short slice (never several
+blocking reads at once: a cancelled blocking read can be swallowed, or leave entries it
+took with this consumer).
 
 Each delivery remembers its queue (``queue_of``): its settle steps, keep-alive and hand-back
 go to that queue's broker. Calls without a delivery fan out (due jobs, recovery, depth,
@@ -30,7 +30,6 @@ from ...job import Job
 from ...lease import Lease, LeaseBackend
 from ..base import Broker
 from ..messages import DeadJob, Delivery, Failure, Finish, QueueDepth, total_counters
-from ..redis import RedisBroker, can_wait_together, wait_together
 from ._fanout import FanOutHistory, FanOutRecords, FanOutStatus, distinct, fan_out_control
 
 __all__ = ["QUEUE_ATTRIBUTE", "MultiBroker", "queue_of"]
@@ -88,6 +87,7 @@ class MultiBroker(Broker):
         )
         self.system = home.system
         self.in_process = home.in_process
+        self.depth_lag = max(b.depth_lag for b in self.brokers.values())
         errors: list[type[BaseException]] = []
         for broker in (home, *self.brokers.values()):
             errors += [e for e in broker.transient_errors if e not in errors]
@@ -216,17 +216,16 @@ class MultiBroker(Broker):
         return out
 
     async def _wait(self, count: int, block: float, share: float) -> list[Delivery]:
-        """One blocking read over every queue's streams when they are Redis queues on one
-        server (``redis/_wait.py``); else each queue in turn waits a short slice, until one
-        delivers or ``block`` passes."""
+        """One blocking read over every queue's streams when their family can read them at
+        once (``Broker.fetch_together``: Redis queues on one server); else each queue in
+        turn waits a short slice, until one delivers or ``block`` passes."""
         names = [name for name in self.names if name not in self.paused]
         if not names:
             await asyncio.sleep(min(block, 1.0))
             return []
         queues = [self.brokers[name] for name in names]
-        if can_wait_together(queues):
-            redis_queues = [q for q in queues if isinstance(q, RedisBroker)]
-            woken = await wait_together(redis_queues, self.consumer, count, block)
+        woken = await queues[0].fetch_together(queues, self.consumer, count, block)
+        if woken is not None:
             return [_tagged(names[i], [delivery])[0] for i, delivery in woken]
         deadline = time.monotonic() + block
         while True:

@@ -38,7 +38,14 @@ from __future__ import annotations
 from ._flow import Debounce, FairShares, FlowLimits, RunLimits, StartLimits
 from ._operate import BatchCounts, JobRates, ProgressStream, QueueControl
 from ._part import Part
-from ._state import DepthHistory, JobRecords, ScheduleMarks, ServerInfo, WorkerStatus
+from ._state import (
+    DepthHistory,
+    JobRecords,
+    ScheduleMarks,
+    ServerInfo,
+    SharedResults,
+    WorkerStatus,
+)
 
 __all__ = [
     "PART_NAMES",
@@ -55,6 +62,7 @@ __all__ = [
     "RunLimits",
     "ScheduleMarks",
     "ServerInfo",
+    "SharedResults",
     "StartLimits",
     "WorkerStatus",
 ]

@@ -3,8 +3,8 @@ history, the server's information."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Collection
+from typing import Any, Protocol, runtime_checkable
 
 from ...job import Job
 from ...record import DEFAULT_KEEP_FOR, JobInfo
@@ -53,6 +53,20 @@ class JobRecords(Part, Protocol):
     async def running_states(self, limit: int = 1000) -> list[dict[str, str]]:
         """The states of up to ``limit`` running jobs, oldest start first. A job whose worker
         died stays listed, its lease expiry in the past, until another worker takes it over."""
+
+
+@runtime_checkable
+class SharedResults(Protocol):
+    """What job records kept in the process (``shared = False``) may add: the final records
+    of the tasks named written to a store every process reads (SQS with ``records=redis://``),
+    so results (``keep_result``) are shared although the rest of the records is not. The
+    worker checks it at its start and names the tasks that keep results."""
+
+    @property
+    def results_shared(self) -> bool: ...
+
+    def keep_results_of(self, tasks: Collection[str]) -> None:
+        """The tasks whose final records (and results) go to the shared store."""
 
 
 class WorkerStatus(Part, Protocol):

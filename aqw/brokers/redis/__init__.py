@@ -10,23 +10,18 @@ from ...errors import ConfigError
 from ..base import Broker, check_partitions
 from ._broker import RedisBroker
 from ._partitioned import PartitionedBroker, spread
-from ._wait import can_wait_together, wait_together
+from ._wait import wait_together
 
 __all__ = [
     "MAX_BLOCK",
-    "SCHEMES",
     "PartitionedBroker",
     "RedisBroker",
-    "can_wait_together",
     "from_url",
     "make_client",
     "split_queue",
     "spread",
     "wait_together",
 ]
-
-#: The URL schemes of the family.
-SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
 
 
 def from_url(url: str, queue: str, partitions: int | None = None) -> Broker:

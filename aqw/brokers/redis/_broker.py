@@ -27,7 +27,7 @@ from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 from ..._redis import scripts as _scripts
 from ..._redis.batch import CommandBatcher
 from ..._redis.client import MAX_BLOCK, describe_broker, make_client
-from ..._redis.cluster import CLUSTER_TRANSIENT_ERRORS
+from ..._redis.cluster import CLUSTER_TRANSIENT_ERRORS, is_cluster
 from ..._redis.connections import open_spares
 from ..._redis.keys import GROUP, QueueKeys
 from ..._redis.lease import RedisLeaseBackend
@@ -57,6 +57,7 @@ from ._run_limits import RedisRunLimits
 from ._server import RedisServer
 from ._settle import RedisSettle
 from ._status import RedisWorkerStatus, read_stats
+from ._wait import wait_together
 
 #: Rate limits and caps are enforced in ``job_start.lua``, for every worker of the queue.
 LIMITS = StartLimits(shared=True)
@@ -197,6 +198,16 @@ class RedisBroker(Broker):
         lowest = len(self.levels.active) > 1 and self._share.turn(share)
         self._read_as.add(self.consumer)
         return await self.levels.fetch(self.consumer, count, block_ms, lowest)
+
+    async def fetch_together(
+        self, queues: Sequence[Broker], consumer: str, count: int, block: float
+    ) -> list[tuple[int, Delivery]] | None:
+        """One blocking read over the streams of ``queues`` when they are plain Redis queues
+        on this broker's client, not a cluster's (``_wait.py``); None otherwise."""
+        same = [q for q in queues if type(q) is RedisBroker and q.client is self.client]
+        if len(same) != len(queues) or is_cluster(self.client):
+            return None
+        return await wait_together(same, consumer, count, block)
 
     def _holder(self, delivery: Delivery) -> str:
         """The consumer holding ``delivery`` in the group's pending list: the one this broker

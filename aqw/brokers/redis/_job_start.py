@@ -89,9 +89,10 @@ class RedisJobLease:
                 raise
             value = message.rpartition("exhausted: ")[2] or "unknown"
             raise FenceCorrupted(jobs.keys.fence, value) from None
-        refused = refusal(fence)
-        if refused is not None:
-            raise refused
+        if isinstance(fence, list):  # a limit refused it
+            refused = refusal(fence)
+            if refused is not None:
+                raise refused
         if int(fence) < 0:
             if int(fence) == -1:
                 raise JobCancelled(job.id)

@@ -67,7 +67,9 @@ class RedisSettle:
         finish: Finish,
         record_ttl: float,
     ) -> bool:
-        token = lease.token if lease is not None else ""
+        token = fence = ""
+        if lease is not None:  # the fence lets the script skip the lease key (``ack.lua``)
+            token, fence = lease.token, str(lease.fencing_token or "")
         extra: tuple[str, ...] = ()  # most jobs: no key, result nor error
         if job is not None and (
             job.key is not None
@@ -94,7 +96,10 @@ class RedisSettle:
             keys,
             self._ack_head(consumer, finish.state, finish.keep_for, record_ttl),
             (),
-            (f"{len(extra)} {delivery.id} {token} {job.id if job is not None else ''}", *extra),
+            (
+                f"{len(extra)} {delivery.id} {token} {fence} {job.id if job is not None else ''}",
+                *extra,
+            ),
         )
         return bool(ok)
 

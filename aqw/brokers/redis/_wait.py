@@ -3,36 +3,39 @@ of several queues (``multi.py``) or of a partitioned queue (``_partition_fetch.p
 once all of them are empty, so a job in any of them wakes it at once.
 
 One server only: on Redis Cluster a command reads one slot, and the callers wait on each
-queue in turn instead (``can_wait_together``). Never several blocking reads at once: a
-cancelled one can be swallowed by the client, or leave entries it took with this consumer.
+queue in turn instead (``RedisBroker.fetch_together`` says None). Never several blocking
+reads at once: a cancelled one can be swallowed by the client, or leave entries it took
+with this consumer.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
+
+from redis.asyncio import Redis
 
 from ..._redis.client import CLIENT_ERRORS, MAX_BLOCK
-from ..._redis.cluster import is_cluster
-from ..._redis.keys import GROUP
-from ..base import Broker, Delivery
-from ._broker import RedisBroker
+from ..._redis.keys import GROUP, QueueKeys
+from ..base import Delivery
 from ._entries import delivery_of, text
-from ._priorities import FAIR_BLOCK_MS
+from ._priorities import FAIR_BLOCK_MS, RedisLevels
 
 
-def can_wait_together(brokers: Sequence[Broker]) -> bool:
-    """True when ``brokers`` are Redis queues on one client of one server."""
-    queues = [b for b in brokers if type(b) is RedisBroker]
-    if not queues or len(queues) != len(brokers):
-        return False
-    client = queues[0].client
-    return not is_cluster(client) and all(q.client is client for q in queues)
+class WaitingQueue(Protocol):
+    """What one read over several queues needs of each: its client, keys and levels."""
+
+    @property
+    def client(self) -> Redis: ...
+    @property
+    def keys(self) -> QueueKeys: ...
+    @property
+    def levels(self) -> RedisLevels: ...
 
 
 async def wait_together(
-    queues: Sequence[RedisBroker], consumer: str, count: int, block: float
+    queues: Sequence[WaitingQueue], consumer: str, count: int, block: float
 ) -> list[tuple[int, Delivery]]:
     """Up to ``count`` new deliveries from the streams of every active priority level of
     ``queues`` (one client, one server), waiting up to ``block`` seconds for the first:
