@@ -10,6 +10,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import nats.errors
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
@@ -19,15 +20,37 @@ from ._leases import kv_key
 
 async def entries(kv: KeyValue, prefix: str) -> list[tuple[str, bytes]]:
     """(key, value) of every live key under ``prefix`` (a watch of ``prefix.>`` to the end
-    of its initial values: a server of 2.9 ignores ``keys(filters=...)``)."""
-    watcher = await kv.watch(f"{prefix}.>", ignore_deletes=True)
+    of its initial values: a server of 2.9 ignores ``keys(filters=...)``). A watch whose end
+    marker never comes (nats-py drops an update whose delivery beat the watch's own set-up
+    by more than its timeout, as happens on a loaded machine) is started again, up to
+    ``WATCH_TRIES`` times."""
+    for attempt in range(WATCH_TRIES):
+        try:
+            return await _watch_once(kv, prefix)
+        except nats.errors.TimeoutError:
+            if attempt == WATCH_TRIES - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+#: Watches ``entries`` starts before it gives up.
+WATCH_TRIES = 3
+
+_GONE = ("DEL", "PURGE")
+
+
+async def _watch_once(kv: KeyValue, prefix: str) -> list[tuple[str, bytes]]:
+    watcher = await kv.watch(f"{prefix}.>")
     out: list[tuple[str, bytes]] = []
     try:
         while True:
             entry = await watcher.updates(timeout=5.0)  # type: ignore[no-untyped-call]
             if entry is None:
                 return out
-            out.append((entry.key, entry.value or b""))
+            if entry.operation not in _GONE:
+                out.append((entry.key, entry.value or b""))
+            if entry.delta == 0:  # the last initial value (the marker may follow or not)
+                return out
     finally:
         await watcher.stop()  # type: ignore[no-untyped-call]
 
