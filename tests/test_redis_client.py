@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import sys
+import uuid
 from typing import Any
 
 import pytest
@@ -115,6 +116,18 @@ async def test_a_client_from_a_url_uses_timed_connections_and_works() -> None:
     assert unix is TimedUnixConnection
     assert issubclass(TimedSSLConnection, SSLConnection)
     assert issubclass(TimedUnixConnection, UnixDomainSocketConnection)
+
+
+async def test_more_commands_at_once_than_a_default_pool_holds_all_run() -> None:
+    """redis-py 8 bounds a pool at 100 connections and fails the next command at once; a
+    burst of awaited enqueues or polling lock contenders on aqw's client must not fail."""
+    client = make_client(REDIS_URL)
+    try:
+        key = f"aqw-test-none-{uuid.uuid4().hex}"
+        replies = await asyncio.gather(*(client.blpop([key], 0.2) for _ in range(250)))
+        assert replies == [None] * 250
+    finally:
+        await client.aclose()
 
 
 async def test_a_server_that_never_answers_still_times_out_the_read() -> None:

@@ -91,6 +91,10 @@ class RepeatingRedis(Redis):
         return await execute(*args, **options)
 
 
+#: The connection bound of aqw's clients: redis-py's own before its release 8.
+UNBOUNDED_POOL = 2**31
+
+
 def make_client(url: str, **overrides: Any) -> Redis:
     """A client with bounded timeouts that never re-sends a command that may have run.
 
@@ -107,6 +111,11 @@ def make_client(url: str, **overrides: Any) -> Redis:
         "socket_keepalive": True,
         "health_check_interval": 30,
         "retry": Retry(NoBackoff(), 0),
+        # redis-py 8 caps a pool at 100 connections and fails the 101st command at once
+        # ("Too many connections") instead of waiting: a burst of awaited enqueues, or a
+        # hundred tasks polling for one lock, would fail. aqw's clients keep the earlier
+        # releases' bound (a URL's ``?max_connections=`` still sets one).
+        "max_connections": UNBOUNDED_POOL,
     }
     options.update(overrides)
     if is_cluster_url(url):
