@@ -11,15 +11,24 @@ stdin; the answer ``{"pid": N}`` at once, then ``{"status": S}`` when the run en
 
 Only for commands that need nothing a fresh interpreter would do differently: nothing here
 has started a thread, an event loop or logging, and a module the run's own ``sys.path``
-would shadow (a project's ``uvloop.py``) is one this process has not imported."""
+would shadow (a project's ``uvloop.py``) is one this process has not imported.
+
+With ``--many`` (``tests/_spawn.py``): the worker scripts of the multi-process tests, many
+at a time. A request carries an ``"id"``, its ``"out"`` file takes stdout and stderr both
+(appended to); the answers ``{"id", "pid"}`` and later ``{"id", "status"}``. This mode also
+imports the PostgreSQL and NATS brokers' clients first. When stdin closes, the runs still
+going are killed."""
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import json
 import os
 import runpy
+import select
+import signal
 import sys
 import traceback
 
@@ -47,8 +56,12 @@ def _child(request: dict[str, object]) -> int:
     first = os.path.dirname(os.path.abspath(str(script))) if script else cwd
     sys.path[:] = [first, *extra, *BASE_PATH]
     null = os.open(os.devnull, os.O_RDONLY)
-    out = os.open(str(request["out"]), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    err = os.open(str(request["err"]), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    if "err" in request:
+        out = os.open(str(request["out"]), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        err = os.open(str(request["err"]), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    else:  # one log for both, appended to (as a file several processes were handed)
+        out = os.open(str(request["out"]), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        err = os.dup(out)
     for fd, target in ((null, 0), (out, 1), (err, 2)):
         os.dup2(fd, target)
         os.close(fd)
@@ -100,5 +113,67 @@ def main() -> None:
         print(json.dumps({"status": os.waitstatus_to_exitcode(status)}), flush=True)
 
 
+def _fork(request: dict[str, object]) -> int:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            code = _child(request)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        _end(code)
+    return pid
+
+
+def _say(message: dict[str, object]) -> None:
+    os.write(1, (json.dumps(message) + "\n").encode())
+
+
+def many() -> None:
+    """Serve ``--many``: fork each request at once, report each run's end as it comes."""
+    import asyncpg  # noqa: F401 - imported once here instead of in every run
+    import nats  # noqa: F401
+
+    import aqw.brokers.nats
+    import aqw.brokers.postgres
+    import aqw.idempotency
+    import aqw.worker  # noqa: F401
+
+    running: dict[int, object] = {}
+    pending = b""
+    open_ = True
+    while open_ or running:
+        if open_:
+            ready, _, _ = select.select([0], [], [], 0.05)  # and a look at the runs' ends
+            if ready:
+                chunk = os.read(0, 65536)
+                if not chunk:
+                    open_ = False
+                    for pid in running:  # the test process ended: nothing waits for them
+                        with contextlib.suppress(OSError):
+                            os.killpg(pid, signal.SIGKILL)
+                pending += chunk
+                while b"\n" in pending:
+                    line, pending = pending.split(b"\n", 1)
+                    request = json.loads(line)
+                    pid = _fork(request)
+                    running[pid] = request["id"]
+                    _say({"id": request["id"], "pid": pid})
+        else:
+            select.select([], [], [], 0.05)
+        while running:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            if pid in running:
+                _say({"id": running.pop(pid), "status": os.waitstatus_to_exitcode(status)})
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--many"]:
+        many()
+    else:
+        main()

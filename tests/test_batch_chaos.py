@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import random
 import signal
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -38,6 +37,7 @@ from aqw.brokers.batching import callback_key
 from aqw.brokers.redis import RedisBroker
 from aqw.idempotency import SqlCompletionStore
 from tests._helpers import PG_DSNS, eventually
+from tests._spawn import Forked, spawn_script
 from tests.test_batch_restart import AofRedis
 
 BATCHES, CHILDREN, FLOWS = 50, 100, 20
@@ -96,21 +96,19 @@ async def test_batches_and_flows_survive_kills_a_pause_and_a_redis_restart_at_on
     producer = make_app(queue_name, url=url)
     child, done, step = (producer.tasks[n] for n in ("child", "done", "step"))
     children_runs, callback_runs = ledger_keys(queue_name)
-    procs: list[asyncio.subprocess.Process] = []
+    procs: list[Forked] = []
     logs: list[IO[bytes]] = []
     events: list[str] = []
 
-    async def spawn() -> asyncio.subprocess.Process:
+    async def spawn() -> Forked:
         log = (tmp_path / f"worker-{len(procs)}.log").open("wb")
         logs.append(log)
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(repo_root / "tests" / "batch_worker.py"),
+        proc = await spawn_script(
+            repo_root / "tests" / "batch_worker.py",
             *(queue_name, dsn, store.table, f"{table}_effects"),
             cwd=repo_root,
             env=env,
-            stdout=log,
-            stderr=asyncio.subprocess.STDOUT,
+            log=log,
         )
         procs.append(proc)
         return proc
@@ -135,7 +133,7 @@ async def test_batches_and_flows_survive_kills_a_pause_and_a_redis_restart_at_on
             lambda: ran_at_least(0.2), 60, "a fifth of the children", procs=procs, interval=0.01
         )
 
-        async def held(proc: asyncio.subprocess.Process) -> int:
+        async def held(proc: Forked) -> int:
             summary = await client.xpending(broker.keys.stream, "aqw")
             return sum(
                 int(c["pending"])
@@ -143,7 +141,7 @@ async def test_batches_and_flows_survive_kills_a_pause_and_a_redis_restart_at_on
                 if f"-{proc.pid}-" in c["name"].decode()
             )
 
-        async def frozen_holding(proc: asyncio.subprocess.Process) -> int:
+        async def frozen_holding(proc: Forked) -> int:
             """SIGSTOP ``proc`` at a moment it holds children (tried again until it does)."""
             for _ in range(300):
                 proc.send_signal(signal.SIGSTOP)
@@ -153,7 +151,7 @@ async def test_batches_and_flows_survive_kills_a_pause_and_a_redis_restart_at_on
                 await asyncio.sleep(0.01)
             raise AssertionError(f"worker {proc.pid} never held a child: nothing tested")
 
-        async def kill_holding(proc: asyncio.subprocess.Process) -> None:
+        async def kill_holding(proc: Forked) -> None:
             await frozen_holding(proc)
             proc.send_signal(signal.SIGKILL)
             await asyncio.wait_for(proc.wait(), 10)

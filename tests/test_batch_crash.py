@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,7 @@ from aqw.brokers.batching import callback_key
 from aqw.brokers.redis import RedisBroker
 from aqw.idempotency import SqlCompletionStore
 from tests._helpers import PG_DSNS, eventually
+from tests._spawn import Forked, spawn_script
 
 # Three worker processes, killed and frozen: one such test at a time (CONTRIBUTING.md).
 pytestmark = [
@@ -55,21 +54,19 @@ async def test_a_sigkilled_worker_mid_batch_loses_no_count_and_fires_each_callba
     producer = make_app(queue_name)
     child, done = producer.tasks["child"], producer.tasks["done"]
     children_runs, callback_runs = ledger_keys(queue_name)
-    procs: list[asyncio.subprocess.Process] = []
+    procs: list[Forked] = []
     logs = []
 
     async def spawn(i: int) -> None:
         log = (tmp_path / f"worker-{i}.log").open("wb")
         logs.append(log)
         procs.append(
-            await asyncio.create_subprocess_exec(
-                sys.executable,
-                str(repo_root / "tests" / "batch_worker.py"),
+            await spawn_script(
+                repo_root / "tests" / "batch_worker.py",
                 *(queue_name, dsn, store.table, f"{table}_effects"),
                 cwd=repo_root,
                 env=subprocess_env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
+                log=log,
             )
         )
 
@@ -102,7 +99,7 @@ async def test_a_sigkilled_worker_mid_batch_loses_no_count_and_fires_each_callba
         await eventually(a_third_run, 45, "a third of the children", procs=procs, interval=0.01)
         victim, paused = procs[0], procs[1]
 
-        async def held(proc: asyncio.subprocess.Process) -> int:
+        async def held(proc: Forked) -> int:
             summary = await client.xpending(broker.keys.stream, "aqw")
             return sum(
                 int(c["pending"])
@@ -110,7 +107,7 @@ async def test_a_sigkilled_worker_mid_batch_loses_no_count_and_fires_each_callba
                 if f"-{proc.pid}-" in c["name"].decode()
             )
 
-        async def frozen_holding(proc: asyncio.subprocess.Process) -> int:
+        async def frozen_holding(proc: Forked) -> int:
             """SIGSTOP ``proc`` at a moment it holds children (tried again until it does)."""
             for _ in range(200):
                 proc.send_signal(signal.SIGSTOP)

@@ -12,8 +12,6 @@ import asyncio
 import contextlib
 import itertools
 import signal
-import subprocess
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -25,6 +23,7 @@ from redis.asyncio import Redis
 
 from aqw.brokers.redis import RedisBroker
 from tests._helpers import eventually
+from tests._spawn import Forked, spawn_script
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
 
@@ -33,7 +32,7 @@ WORKERS = 3
 CONCURRENCY = 8
 
 
-Proc = asyncio.subprocess.Process
+Proc = Forked
 
 #: The exit of the worker the test kills; any other exit of a worker fails the test at once.
 KILLED = (-signal.SIGKILL,)
@@ -58,12 +57,8 @@ async def test_sigkilled_worker_loses_nothing_and_fencing_holds(
             log = (tmp_path / f"worker-{i}.log").open("wb")
             logs.append(log)
             script = str(repo_root / "tests" / "crash_worker.py")
-            proc = await asyncio.create_subprocess_exec(
-                *(sys.executable, script, queue_name, str(CONCURRENCY)),
-                cwd=repo_root,
-                env=subprocess_env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
+            proc = await spawn_script(
+                script, queue_name, CONCURRENCY, cwd=repo_root, env=subprocess_env, log=log
             )
             procs.append(proc)
 

@@ -9,7 +9,6 @@ import asyncio
 import collections
 import os
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ import aqw
 from aqw.brokers.base import Broker
 from aqw.job import Job
 from tests._helpers import REDIS_URL, eventually, require_real_redis, run_burst
+from tests._spawn import spawn_script
 from tests.brokers.conftest import (  # noqa: F401 - the SQS fixtures, used by name
     SQSKit,
     new_app,
@@ -276,11 +276,7 @@ async def test_three_processes_start_a_new_tenant_within_the_bound(
     procs = []
     for i in range(3):
         with (tmp_path / f"worker-{i}.log").open("wb") as log:
-            procs.append(
-                await asyncio.create_subprocess_exec(
-                    sys.executable, str(SCRIPT), queue_name, env=env, stdout=log, stderr=log
-                )
-            )
+            procs.append(await spawn_script(SCRIPT, queue_name, env=env, log=log))
     try:
         await eventually(lambda: client.llen(ledger), 60, "starts", interval=0.05, procs=procs)
         await eventually(
@@ -329,11 +325,7 @@ async def test_three_processes_hold_the_weights_within_5_percent(
     procs = []
     for i in range(3):
         with (tmp_path / f"worker-{i}.log").open("wb") as log:
-            procs.append(
-                await asyncio.create_subprocess_exec(
-                    sys.executable, str(SCRIPT), queue_name, env=env, stdout=log, stderr=log
-                )
-            )
+            procs.append(await spawn_script(SCRIPT, queue_name, env=env, log=log))
     try:
         await eventually(lambda: _at_least(client, ledger, 4_000), 120, "4,000 starts", procs=procs)
         entries = [e.decode() for e in await client.lrange(ledger, 0, 3_999)]  # type: ignore[misc]

@@ -12,7 +12,6 @@ import itertools
 import json
 import os
 import signal
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -29,6 +28,7 @@ from aqw._redis.keys import QueueKeys
 from aqw.flow import FlowControl, Rate, flow_control, parse_rate
 from aqw.telemetry._instruments import INSTRUMENTS
 from tests._helpers import REDIS_URL, eventually, moto_server, require_real_redis
+from tests._spawn import spawn_script
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -350,11 +350,7 @@ async def start_workers(n: int, queue: str, mode: str, env: dict[str, str], tmp:
     procs = []
     for i in range(n):
         with (tmp / f"worker-{i}.log").open("wb") as log:
-            procs.append(
-                await asyncio.create_subprocess_exec(
-                    sys.executable, str(SCRIPT), queue, mode, env=env, stdout=log, stderr=log
-                )
-            )
+            procs.append(await spawn_script(SCRIPT, queue, mode, env=env, log=log))
     return procs
 
 

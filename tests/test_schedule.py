@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import signal
-import subprocess
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 
 import pytest
 from _helpers import eventually
+from _spawn import Forked, spawn_script
 from _worker_script import ledger_key
 from redis.asyncio import Redis
 
@@ -262,25 +262,19 @@ async def test_sqs_without_records_refuses_periodic_tasks() -> None:
 
 async def _start(
     n: int, queue: str, repo_root: Path, env: dict[str, str], tmp: Path
-) -> list[tuple[asyncio.subprocess.Process, Path]]:
+) -> list[tuple[Forked, Path]]:
     out = []
     for i in range(n):
         path = tmp / f"scheduler-{i}.log"
         with path.open("wb") as log:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                str(repo_root / "tests" / "schedule_worker.py"),
-                queue,
-                cwd=repo_root,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
+            proc = await spawn_script(
+                repo_root / "tests" / "schedule_worker.py", queue, cwd=repo_root, env=env, log=log
             )
         out.append((proc, path))
     return out
 
 
-async def _stop(procs: list[tuple[asyncio.subprocess.Process, Path]]) -> None:
+async def _stop(procs: list[tuple[Forked, Path]]) -> None:
     for proc, _ in procs:
         if proc.returncode is None:
             proc.send_signal(signal.SIGTERM)
@@ -301,7 +295,7 @@ async def _enqueued_keys(client: Redis, queue: str) -> list[str]:
     return keys
 
 
-def _leaders(procs: list[tuple[asyncio.subprocess.Process, Path]]) -> list[int]:
+def _leaders(procs: list[tuple[Forked, Path]]) -> list[int]:
     return [i for i, (_, path) in enumerate(procs) if b" leads queue " in path.read_bytes()]
 
 

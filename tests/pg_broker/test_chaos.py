@@ -31,6 +31,7 @@ import pytest
 import aqw
 from aqw.idempotency import SqlCompletionStore
 from tests._helpers import eventually
+from tests._spawn import Forked, spawn_script
 from tests.pg_broker.pg_chaos_proc import LEASE_TTL
 from tests.pg_broker.throwaway import ThrowawayPostgres, count_on
 
@@ -71,37 +72,36 @@ async def test_kills_a_paused_holder_and_a_server_restart_lose_nothing_and_doubl
     total = JOBS  # the jobs enqueued, topped up below when the faults outlast the backlog
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    procs: list[asyncio.subprocess.Process] = []
+    procs: list[Forked] = []
     logs: list[IO[bytes]] = []
     faults: list[tuple[str, int]] = []  # (fault, jobs still in the table at that moment)
     last_fault = time.monotonic()
 
-    async def spawn() -> asyncio.subprocess.Process:
+    async def spawn() -> Forked:
         log = (tmp_path / f"worker-{len(procs)}.log").open("wb")
         logs.append(log)
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(HERE / "pg_chaos_proc.py"),
-            url,
-            "ledger",
-            env=env,
-            stdout=log,
-            stderr=asyncio.subprocess.STDOUT,
-        )
+        proc = await spawn_script(HERE / "pg_chaos_proc.py", url, "ledger", env=env, log=log)
         procs.append(proc)
         return proc
 
     async def left() -> int:
-        return await count_on(dsn, "SELECT count(*) FROM aqw.aqw_jobs") or 0
+        """The jobs still in the table, asked again while the server does not answer (a
+        refused connection is no empty queue: it once counted a fault as landing on none)."""
+        for _ in range(600):
+            n = await count_on(dsn, "SELECT count(*) FROM aqw.aqw_jobs")
+            if n is not None:
+                return n
+            await asyncio.sleep(0.1)
+        raise AssertionError("no count of the jobs left for 60 s")
 
     async def written() -> int:
         return await count_on(dsn, "SELECT count(*) FROM ledger") or 0
 
-    async def held(proc: asyncio.subprocess.Process) -> int:
+    async def held(proc: Forked) -> int:
         sql = "SELECT count(*) FROM aqw.aqw_jobs WHERE consumer LIKE $1"
         return await count_on(dsn, sql, f"%-{proc.pid}-%") or 0
 
-    async def frozen_holding(proc: asyncio.subprocess.Process) -> bool:
+    async def frozen_holding(proc: Forked) -> bool:
         """SIGSTOP ``proc`` at a moment it holds jobs (tried again until it does)."""
         for _ in range(100):
             proc.send_signal(signal.SIGSTOP)
@@ -129,7 +129,7 @@ async def test_kills_a_paused_holder_and_a_server_restart_lose_nothing_and_doubl
                 pids[pid] += 1
         return pids
 
-    async def kill_one(paused: asyncio.subprocess.Process) -> bool:
+    async def kill_one(paused: Forked) -> bool:
         """SIGKILL a live worker while it holds jobs, and start its replacement."""
         counts = await holders()
         alive = [p for p in procs if counts.get(p.pid) and p is not paused]
@@ -275,7 +275,7 @@ async def test_kills_a_paused_holder_and_a_server_restart_lose_nothing_and_doubl
     assert (jobs_left, dead) == (0, 0)
 
 
-async def _dump(dsn: str, procs: list[asyncio.subprocess.Process], holders: dict[int, int]) -> None:
+async def _dump(dsn: str, procs: list[Forked], holders: dict[int, int]) -> None:
     """What a stuck run looks like: who holds what, the server's sessions, and every live
     worker's tasks (``pg_chaos_proc.py`` prints them on SIGUSR1 into its log)."""
     conn = await asyncpg.connect(dsn, timeout=5)

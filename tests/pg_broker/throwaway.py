@@ -55,7 +55,11 @@ class ThrowawayPostgres:
             raise RuntimeError(f"{argv[0]} failed: {done.stdout}{done.stderr}")
 
     def start(self) -> None:
-        opts = f"-F -p {self.port} -c listen_addresses=127.0.0.1 -k {self.root}"
+        # Room for the chaos runs: four workers' pools, their replacements', and the
+        # sessions of killed ones the server has not yet seen go (100 by default).
+        opts = (
+            f"-F -p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} -c max_connections=300"
+        )
         ctl = str(BIN / "pg_ctl")
         self._run(ctl, "-D", str(self.data), "-l", str(self.log), "-o", opts, "-w", "start")
 

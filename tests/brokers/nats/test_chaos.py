@@ -12,7 +12,6 @@ import asyncio
 import os
 import random
 import signal
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -24,6 +23,7 @@ import aqw
 from aqw.idempotency import SqlCompletionStore
 from aqw.job import Job
 from tests._helpers import eventually
+from tests._spawn import Forked, spawn_script
 
 from .chaos_worker import DSN
 from .conftest import Server
@@ -57,22 +57,13 @@ async def test_kills_of_workers_and_of_the_server_lose_nothing_and_apply_nothing
     await db.execute(f"CREATE TABLE {table} (job_id text, n int, fence bigint)")
     env = {**os.environ, "PYTHONPATH": str(HERE.parents[2])}
     url = private_server.url
-    procs: list[asyncio.subprocess.Process] = []
+    procs: list[Forked] = []
 
     logs = tmp_path / "workers.log"
 
-    async def spawn() -> asyncio.subprocess.Process:
+    async def spawn() -> Forked:
         with logs.open("ab") as log:
-            return await asyncio.create_subprocess_exec(
-                sys.executable,
-                str(HERE / "chaos_worker.py"),
-                url,
-                queue,
-                table,
-                stdout=log,
-                stderr=log,
-                env=env,
-            )
+            return await spawn_script(HERE / "chaos_worker.py", url, queue, table, log=log, env=env)
 
     producer = aqw.App(f"{url}?queue={queue}&ack_wait=3")
     jobs = [Job(task="apply", payload=n) for n in range(JOBS)]

@@ -10,7 +10,6 @@ import contextlib
 import os
 import shutil
 import signal
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -23,6 +22,7 @@ import aqw
 from aqw.idempotency import SqlCompletionStore
 from aqw.job import Job
 from tests._helpers import eventually
+from tests._spawn import Forked, spawn_script
 
 from .chaos_worker import DSN
 from .conftest import cluster_of_three
@@ -74,7 +74,7 @@ async def test_a_node_killed_and_restarted_loses_nothing_and_applies_nothing_twi
     await SqlCompletionStore().ensure_schema(db)
     await db.execute(f"CREATE TABLE {table} (job_id text, n int, fence bigint)")
     env = {**os.environ, "PYTHONPATH": str(HERE.parents[2])}
-    procs: list[asyncio.subprocess.Process] = []
+    procs: list[Forked] = []
     try:
         await eventually(lambda: _ready(nodes[0].url), 60, "the cluster's JetStream", interval=0.5)
         producer = aqw.App(f"{url}?queue={queue}&ack_wait=3&replicas=3")
@@ -85,16 +85,8 @@ async def test_a_node_killed_and_restarted_loses_nothing_and_applies_nothing_twi
         with (tmp_path / "workers.log").open("ab") as log:
             for _ in range(2):
                 procs.append(
-                    await asyncio.create_subprocess_exec(
-                        sys.executable,
-                        str(HERE / "chaos_worker.py"),
-                        url,
-                        queue,
-                        table,
-                        "&replicas=3",
-                        stdout=log,
-                        stderr=log,
-                        env=env,
+                    await spawn_script(
+                        HERE / "chaos_worker.py", url, queue, table, "&replicas=3", log=log, env=env
                     )
                 )
 
