@@ -266,7 +266,10 @@ class PostgresBroker(Broker):
     ) -> LeaseBackend:
         check = None if delivery is None else self._still_ours(delivery)
         flow = (self._flow, limits) if limits else None
-        return PgStartGuard(self.lease_backend(), self._records, job, self.consumer, check, flow)
+        row = None if delivery is None else int(delivery.id)
+        return PgStartGuard(
+            self.lease_backend(), self._records, job, self.consumer, check, flow, row
+        )
 
     def _still_ours(self, delivery: Delivery) -> DeliveryCheck:
         """The start's check: a read (batched, nothing to commit) of whether the row is still

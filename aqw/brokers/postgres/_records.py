@@ -56,8 +56,9 @@ RESUBSCRIBE = (0.1, 5.0)
 log = logging.getLogger("aqw.brokers.postgres")
 
 #: A start: job id, lease key, token, ttl in ms, what a missing record starts with (JSON),
-#: the running record's fields but the fencing token (JSON).
-Start = tuple[str, str, str, int, str, str]
+#: the running record's fields but the fencing token (JSON), and the delivery's row id and
+#: consumer, whose hold the start checks (None and '': no delivery to check).
+Start = tuple[str, str, str, int, str, str, int | None, str]
 
 
 def records_channel(schema: str, queue: str) -> str:
@@ -113,7 +114,7 @@ class PgJobRecords:
         cols = list(zip(*calls, strict=True))
         until = time.time() + UNFINISHED_KEEP
         sql = statement("start_many", self._s)
-        rows = await self._pool.fetch(sql, self.queue, *cols, until)
+        rows = await self._pool.fetch(sql, self.queue, *cols[:6], until, *cols[6:])
         by_id = {r["job_id"]: r for r in rows}
         out: list[tuple[str, int | None]] = []
         for c in calls:
@@ -286,7 +287,9 @@ class PgStartGuard:
     rate limits or per-key caps starts in ``aqw_start_limited`` (``_flow.py``, batched with
     the limited starts made meanwhile), which checks the limits in the same transaction."""
 
-    __slots__ = ("_backend", "_delivery", "_fence", "_flow", "_job", "_records", "_worker")
+    __slots__ = (
+        "_backend", "_delivery", "_fence", "_flow", "_job", "_records", "_row", "_worker",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -296,15 +299,19 @@ class PgStartGuard:
         worker: str,
         delivery: DeliveryCheck | None,
         flow: tuple[PgFlowLimits, Limits] | None = None,
+        row: int | None = None,
     ) -> None:
         self._backend, self._records = backend, records
         self._job, self._worker, self._delivery = job, worker, delivery
         self._flow = flow
+        #: The delivery's row: its hold by ``worker`` is checked in the start's statement.
+        self._row = row
         self._fence: int | None = None
 
     async def acquire(self, key: str, token: str, ttl_ms: int) -> int | None:
         job, mine, now = self._job, self._delivery, time.time()
-        if mine is not None and not await mine(False):
+        checked_apart = mine is not None and (self._flow is not None or self._row is None)
+        if checked_apart and mine is not None and not await mine(False):  # else in the start
             raise StaleStart(job.id)
         running = {
             "state": "running",
@@ -321,8 +328,11 @@ class PgStartGuard:
             ask = (key, token, ttl_ms, new_record(job), json.dumps(running))
             status, fence = await flow.start(limits, job.id, ask)
         else:
-            start = (job.id, key, token, ttl_ms, new_record(job), json.dumps(running))
+            start = (job.id, key, token, ttl_ms, new_record(job), json.dumps(running), self._row,
+                     self._worker if self._row is not None else "")  # fmt: skip
             status, fence = await self._records.starts.submit(start)
+        if status == "gone":  # another consumer holds the delivery now, or it settled
+            raise StaleStart(job.id)
         if status == "cancelled":
             raise JobCancelled(job.id)
         if status == "ended":
