@@ -221,7 +221,7 @@ async def redis_clients(
             # contenders than that on one client (aqw's own clients are unbounded)
             client = Redis.from_url(REDIS_URL, max_connections=1000)
         else:
-            client = fakeredis.FakeAsyncRedis(server=server)
+            client = fakeredis.FakeAsyncRedis(server=server, max_connections=1000)
         made.append(client)
         return client
 
