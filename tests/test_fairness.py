@@ -59,11 +59,12 @@ async def flood(task: Any, tenant: str, n: int, **extra: Any) -> None:
 
 
 async def test_a_new_tenant_is_among_the_next_active_keys_picks(backend: Backend) -> None:
-    """Tenant A holds 100,000 jobs (2,000 on fakeredis), eight more tenants 50 each; B's one
-    job is among the next (active keys) = 10 picks after its enqueue, the bound with k = 1."""
+    """Tenant A holds 100,000 jobs (20,000 in memory, 2,000 on fakeredis), eight more tenants
+    50 each; B's one job is among the next (active keys) = 10 picks after its enqueue, the
+    bound with k = 1."""
     app = backend.app()
     task = tenant_task(app)
-    await flood(task, "A", 2_000 if backend.kind == "fakeredis" else 100_000)
+    await flood(task, "A", {"fakeredis": 2_000, "memory": 20_000}.get(backend.kind, 100_000))
     for c in range(8):
         await flood(task, f"C{c}", 50)
     await app.broker.connect()

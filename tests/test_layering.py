@@ -42,6 +42,10 @@ from pathlib import Path
 
 import pytest
 
+#: One worker runs them all: each rule reads every module of aqw, parsed once per process
+#: (about 2.5 s of CPU here), so spread over workers they parsed aqw five times.
+pytestmark = pytest.mark.xdist_group("layering")
+
 ROOT = Path(__file__).resolve().parents[1]
 AQW = ROOT / "aqw"
 
