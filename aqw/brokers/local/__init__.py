@@ -17,7 +17,7 @@ from .priorities import LevelFifos, ShareCredit, level_of
 from .progress import LocalProgress
 from .rates import LocalJobRates
 from .records import LocalJobRecords
-from .run_limits import LocalRunLimits, OverrideCache
+from .run_limits import LocalRunLimits, OverrideCache, StoredRunLimits
 from .start import LimitedStart, LocalStartGuard, still_ours
 from .status import LocalWorkerStatus
 from .wakeup import Wakeup, resolve
@@ -42,6 +42,7 @@ __all__ = [
     "MemoryLeaseBackend",
     "OverrideCache",
     "ShareCredit",
+    "StoredRunLimits",
     "Wakeup",
     "level_of",
     "resolve",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 
 from ..._cancel import stop_task
@@ -52,6 +53,33 @@ class OverrideCache:
         if self._loop is not None:
             await stop_task(self._loop)
             self._loop = None
+
+
+class StoredRunLimits(ABC):
+    """The base of a ``RunLimits`` kept on a server: ``read`` and ``write`` are the store's,
+    ``refresh``, ``current`` and ``stop`` go through this process's ``OverrideCache``."""
+
+    shared = True
+
+    def __init__(self) -> None:
+        self._cache = OverrideCache(self.read)
+
+    @abstractmethod
+    async def read(self) -> dict[str, str]:
+        """The stored map, read from the server."""
+
+    @abstractmethod
+    async def write(self, name: str, value: str | None) -> None:
+        """Set ``name`` to ``value`` on the server (None: remove it)."""
+
+    async def refresh(self) -> None:
+        await self._cache.refresh()
+
+    def current(self) -> dict[str, str]:
+        return self._cache.current()
+
+    async def stop(self) -> None:
+        await self._cache.stop()
 
 
 class LocalRunLimits:

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from ..local import OverrideCache
+from ..local import StoredRunLimits
 
 #: The key of the map in the state bucket.
 KEY = "limits"
@@ -31,14 +31,12 @@ def _decode(raw: bytes | None) -> dict[str, str]:
     return {str(k): str(v) for k, v in value.items()}
 
 
-class KvRunLimits:
+class KvRunLimits(StoredRunLimits):
     """``RunLimits`` in the state bucket, shared by every process of the queue."""
-
-    shared = True
 
     def __init__(self, state: Callable[[], Awaitable[KeyValue]]) -> None:
         self._state = state
-        self._cache = OverrideCache(self.read)
+        super().__init__()
 
     async def _get(self) -> tuple[dict[str, str], int | None]:
         kv = await self._state()
@@ -71,12 +69,3 @@ class KvRunLimits:
                 continue  # another change landed first: apply this one to it
             return
         raise ConnectionError("the queue's run-time limits kept changing under this change")
-
-    async def refresh(self) -> None:
-        await self._cache.refresh()
-
-    def current(self) -> dict[str, str]:
-        return self._cache.current()
-
-    async def stop(self) -> None:
-        await self._cache.stop()

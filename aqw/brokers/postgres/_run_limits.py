@@ -7,18 +7,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..local import OverrideCache
+from ..local import StoredRunLimits
 
 #: Most rows read back (a map this big was not written by aqw).
 MOST_ROWS = 10_000
 
 
-class PgRunLimits:
-    shared = True
-
+class PgRunLimits(StoredRunLimits):
     def __init__(self, pool: Any, schema: str, queue: str) -> None:
         self._pool, self._s, self._queue = pool, schema, queue
-        self._cache = OverrideCache(self.read)
+        super().__init__()
 
     async def read(self) -> dict[str, str]:
         sql = f'SELECT name, value FROM "{self._s}".aqw_limits WHERE queue = $1 LIMIT $2'
@@ -35,12 +33,3 @@ class PgRunLimits:
             "ON CONFLICT (queue, name) DO UPDATE SET value = EXCLUDED.value"
         )
         await self._pool.execute(sql, self._queue, name, value)
-
-    async def refresh(self) -> None:
-        await self._cache.refresh()
-
-    def current(self) -> dict[str, str]:
-        return self._cache.current()
-
-    async def stop(self) -> None:
-        await self._cache.stop()

@@ -9,20 +9,18 @@ from typing import Any
 from redis.asyncio import Redis
 
 from ..._redis.keys import QueueKeys
-from ..local import OverrideCache
+from ..local import StoredRunLimits
 from ._entries import text
 
 #: Most fields read back (a hash this big was not written by aqw).
 MOST_FIELDS = 10_000
 
 
-class RedisRunLimits:
-    shared = True
-
+class RedisRunLimits(StoredRunLimits):
     def __init__(self, client: Redis, keys: QueueKeys) -> None:
         self.client = client
         self.key = f"{keys.tag}:limits"
-        self._cache = OverrideCache(self.read)
+        super().__init__()
 
     async def read(self) -> dict[str, str]:
         raw: Any = await self.client.hgetall(self.key)
@@ -33,12 +31,3 @@ class RedisRunLimits:
             await self.client.hdel(self.key, name)
         else:
             await self.client.hset(self.key, name, value)
-
-    async def refresh(self) -> None:
-        await self._cache.refresh()
-
-    def current(self) -> dict[str, str]:
-        return self._cache.current()
-
-    async def stop(self) -> None:
-        await self._cache.stop()
