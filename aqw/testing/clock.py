@@ -2,7 +2,9 @@
 
 Inside ``async with MockClock() as clock:`` the running event loop's time and the clock of
 the in-process parts (``memory://``: delayed jobs, retries, leases, idempotency records,
-job records) are the real ones plus ``clock.offset``, and the offset grows by itself: each
+job records) are the real ones plus ``clock.offset`` (its wall clock moved on by the
+monotonic one, so a step of the machine's wall clock does not reach it), and the offset
+grows by itself: each
 time the loop has nothing to do but wait for a timer, the clock jumps to that timer at
 once (``autojump``), so an ``asyncio.sleep(60)``, a 30 s lease TTL or a retry due in 10
 minutes passes in no real time, in the same order as it would have. ``clock.jump(s)``
@@ -45,12 +47,17 @@ class MockClock:
         #: How many times it jumped by itself.
         self.jumps = 0
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Its wall clock runs with the monotonic one from here on: a step of the machine's
+        # wall clock (a VM's time sync) would otherwise make a job delayed an hour by the
+        # wall clock run milliseconds before an hour of the loop's time has passed.
+        self._wall0, self._mono0 = time.time(), time.monotonic()
 
     # -- the Clock of the in-process parts ----------------------------------------------------
 
     def time(self) -> float:
-        """Wall seconds, ``offset`` ahead of ``time.time()``."""
-        return time.time() + self.offset
+        """Wall seconds, ``offset`` ahead of the wall clock as it was when this clock was
+        made, moved on since by the monotonic clock (so the two never drift apart)."""
+        return self._wall0 + (time.monotonic() - self._mono0) + self.offset
 
     def monotonic(self) -> float:
         """``time.monotonic()`` plus ``offset``: the event loop's time while installed."""
