@@ -7,13 +7,12 @@
 --   then per job (6): job JSON, job id, task, enqueued_at, stream key, the batches it
 --   counts in (space-separated ids)
 -- Returns the count of new members, or an error (nothing written) when the batch is not open.
+--@include batch_lib
 local prefix, bid, keep = ARGV[1], ARGV[2], ARGV[3]
-local state = redis.call('HGET', KEYS[1], 'state')
-if state ~= 'open' then
-  return redis.error_reply('ERR aqw batch ' .. bid .. ' is ' .. (state or 'unknown')
-    .. ': no child can be added to it')
+local closed = batch_closed(KEYS[1], bid)
+if closed then
+  return closed
 end
-local todo, children = KEYS[1] .. ':todo', KEYS[1] .. ':children'
 local n = 0
 for a = 4, #ARGV, 6 do
   local job = ARGV[a + 1]
@@ -23,12 +22,7 @@ for a = 4, #ARGV, 6 do
   redis.call('HSET', rec, 'state', 'queued', 'task', ARGV[a + 2], 'attempts', '0',
     'enqueued_at', ARGV[a + 3], 'batch', ARGV[a + 5])
   redis.call('PEXPIRE', rec, keep)
-  if redis.call('SADD', todo, job) == 1 then
-    redis.call('RPUSH', children, job)
-    n = n + 1
-  end
+  n = n + batch_join(KEYS[1], job)
 end
-redis.call('HINCRBY', KEYS[1], 'total', n)
-redis.call('PEXPIRE', todo, keep)
-redis.call('PEXPIRE', children, keep)
+batch_joined(KEYS[1], n, keep)
 return n

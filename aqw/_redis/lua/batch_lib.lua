@@ -9,6 +9,30 @@
 -- the same step, each under the idempotency key batch:<id>:<kind> (as enqueue_unique.lua
 -- writes it), and counts the batch in its parent as the child batch:<id>.
 local batch_count, batch_fire, batch_settled
+-- Children joining batch `key` (id `bid`): an error reply unless the batch is open, else nil.
+local function batch_closed(key, bid)
+  local state = redis.call('HGET', key, 'state')
+  if state ~= 'open' then
+    return redis.error_reply('ERR aqw batch ' .. bid .. ' is ' .. (state or 'unknown')
+      .. ': no child can be added to it')
+  end
+  return nil
+end
+-- Job `job` joins batch `key` (its todo set and children list) unless it is a member (a
+-- member known ahead, a flow's step): 1 when it joined, else 0.
+local function batch_join(key, job)
+  if redis.call('SADD', key .. ':todo', job) == 1 then
+    redis.call('RPUSH', key .. ':children', job)
+    return 1
+  end
+  return 0
+end
+-- After `n` children joined batch `key`: its total, and its sets kept `keep` ms.
+local function batch_joined(key, n, keep)
+  redis.call('HINCRBY', key, 'total', n)
+  redis.call('PEXPIRE', key .. ':todo', keep)
+  redis.call('PEXPIRE', key .. ':children', keep)
+end
 local batch_final = {succeeded = true, failed = true, dead = true, cancelled = true, expired = true}
 local function batch_now()
   local t = redis.call('TIME')

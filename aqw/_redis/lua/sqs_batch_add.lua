@@ -6,21 +6,15 @@
 -- ARGV[1] key prefix (aqw:{q}:), ARGV[2] batch id, ARGV[3] ms an unfinished batch lives,
 --   then the job ids
 -- Returns the count of new members, or an error (nothing written) when the batch is not open.
+--@include batch_lib
 local bid, keep = ARGV[2], ARGV[3]
-local state = redis.call('HGET', KEYS[1], 'state')
-if state ~= 'open' then
-  return redis.error_reply('ERR aqw batch ' .. bid .. ' is ' .. (state or 'unknown')
-    .. ': no child can be added to it')
+local closed = batch_closed(KEYS[1], bid)
+if closed then
+  return closed
 end
-local todo, children = KEYS[1] .. ':todo', KEYS[1] .. ':children'
 local n = 0
 for a = 4, #ARGV do
-  if redis.call('SADD', todo, ARGV[a]) == 1 then
-    redis.call('RPUSH', children, ARGV[a])
-    n = n + 1
-  end
+  n = n + batch_join(KEYS[1], ARGV[a])
 end
-redis.call('HINCRBY', KEYS[1], 'total', n)
-redis.call('PEXPIRE', todo, keep)
-redis.call('PEXPIRE', children, keep)
+batch_joined(KEYS[1], n, keep)
 return n
