@@ -61,6 +61,6 @@ async def listen_cancels(
                 )
                 warned = True
         finally:
-            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]  # typed from redis-py 8.2
         await asyncio.sleep(pause)
         pause = min(RESUBSCRIBE[1], pause * 2)
