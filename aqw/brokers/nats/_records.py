@@ -36,6 +36,9 @@ from ._state import entries
 #: Seconds the bucket keeps a record after its last write, whatever its ``_until`` says.
 MAX_AGE = UNFINISHED_KEEP + 86_400.0
 
+#: Seconds a waiter's watch may be quiet before the record is read as well.
+WATCH_QUIET = 2.0
+
 #: Most records whose last revision this process remembers.
 MAX_KNOWN = 10_000
 
@@ -304,8 +307,15 @@ class KvJobRecords:
                 if left <= 0:
                     raise TimeoutError(f"job {job_id!r} has not ended within {timeout}s")
                 try:
-                    entry = await watcher.updates(timeout=min(left, 3600.0))  # type: ignore[no-untyped-call]
+                    entry = await watcher.updates(timeout=min(left, WATCH_QUIET))  # type: ignore[no-untyped-call]
                 except TimeoutError:
+                    # A watch can lose its first values (``_state.entries``): the record
+                    # is read as well whenever the watch has been quiet a while.
+                    now = await self.record(job_id)
+                    if now is None:
+                        raise UnknownJob(job_id, self.queue) from None
+                    if now.finished:
+                        return now
                     continue
                 if entry is None:  # the end of the values there were
                     if not seen:

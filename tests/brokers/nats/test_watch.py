@@ -4,6 +4,7 @@ the set-up outlasts its timeout, as on a loaded machine)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -11,9 +12,14 @@ import nats
 import nats.errors
 import pytest
 
-from aqw.brokers.nats import _state
+from aqw.brokers.messages import Finish
+from aqw.brokers.nats import _records, _state
+from aqw.errors import UnknownJob
+from aqw.job import Job
+from aqw.lease import Lease
 
 from .conftest import URL as NATS_URL
+from .conftest import broker
 
 pytestmark = pytest.mark.asyncio
 
@@ -87,3 +93,37 @@ async def test_a_watch_that_never_ends_again_and_again_raises() -> None:
     with pytest.raises(nats.errors.TimeoutError):
         await _state.entries(kv, "job")  # type: ignore[arg-type]
     assert len(kv.watchers) == _state.WATCH_TRIES
+
+
+async def test_a_waiter_whose_watch_stays_silent_reads_the_record(
+    nats_queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A waiter's watch that never brings the record (its first values lost) still ends:
+    the record is read whenever the watch has been quiet ``WATCH_QUIET`` seconds."""
+    monkeypatch.setattr(_records, "WATCH_QUIET", 0.1)
+    b = broker(nats_queue, ack_wait=30.0)
+    try:
+        sent = Job(task="work", payload={"n": 1})
+        await b.publish([sent])
+        kv = await b._records._open()
+
+        async def silent(keys: str, **kwargs: Any) -> _Watcher:
+            return _Watcher([])
+
+        monkeypatch.setattr(kv, "watch", silent)
+        with pytest.raises(UnknownJob):
+            await b.records.wait_finished("no-such-job", 5)
+        waiter = asyncio.create_task(b.records.wait_finished(sent.id, 10))
+        await b.start_consuming("c1")
+        [d] = await b.fetch(1, 5.0)
+        got = Job.decode(d.data)
+        lease = Lease(b.job_lease_backend(got, None, d), b.job_lease_key(got), ttl=30)
+        await lease.acquire()
+        await asyncio.sleep(0.3)
+        assert not waiter.done()  # running is not an end
+        assert await b.ack(d, got, lease, 0.0, Finish("succeeded", 60, result="7")) is True
+        async with asyncio.timeout(5):
+            info = await waiter
+        assert (info.id, info.state, info.result) == (sent.id, "succeeded", 7)
+    finally:
+        await b.close()
