@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from urllib.parse import urlsplit
 
@@ -40,6 +41,7 @@ from ._levels import NatsLevels
 from ._limits import KvLimiter
 from ._pull import NoWaitPull
 from ._records import KvJobRecords
+from ._repair import REPAIR_EVERY, Part, Repairer
 from ._run_limits import KvRunLimits
 from ._start import NatsStart, still_ours
 from ._state import KvScheduleMarks, KvWorkerStatus
@@ -52,7 +54,12 @@ DEFAULT_ACK_WAIT = 30.0
 #: Seconds a settle or a renewal waits for the server's reply.
 REPLY_TIMEOUT = 2.0
 
+#: Seconds after the connection is back from an outage before a repair of what a killed
+#: server may have left (``_repair.py``).
+REPAIR_AFTER_OUTAGE = 1.0
+
 _warned: set[str] = set()
+log = logging.getLogger("aqw.brokers.nats")
 
 #: The failure a ``_retry`` is given by ``_defer``: a put-off, not a failed attempt.
 _DEFER = Failure("", "")
@@ -99,6 +106,8 @@ class NatsBroker(Broker):
         self.levels: NatsLevels | None = None
         self._counts: dict[str, int] = {}
         self._connecting = asyncio.Lock()
+        self._repairer: Repairer | None = None
+        self._repair_at = 0.0  # time.monotonic() of the next repair
 
     async def _kv(self, name: str) -> KeyValue:
         await self.connect()
@@ -141,14 +150,25 @@ class NatsBroker(Broker):
 
     async def _open(self) -> None:
         nc, js, ack_wait, replicas = await open_queue(
-            self.servers, self.names, self.settings, self._want_ack_wait, REPLY_TIMEOUT * 2
+            self.servers,
+            self.names,
+            self.settings,
+            self._want_ack_wait,
+            REPLY_TIMEOUT * 2,
+            self._reconnected,
         )
         self._windows.set_ack_wait(ack_wait)
         # a bucket made while a cluster's node is down or rejoining can be refused for a
         # moment (no peers for placement): tried again, as the streams are
         await settled_or_closed(nc, lambda: self._open_parts(nc, js))
         self._nc, self._js = nc, js
+        self._repairer = Repairer(nc, js)
         warn_durability(nc, replicas, _warned)
+
+    async def _reconnected(self) -> None:
+        # The server may be back from a kill, its consumers and streams restored from
+        # different moments: looked at soon, not at the next regular repair.
+        self._repair_at = min(self._repair_at, time.monotonic() + REPAIR_AFTER_OUTAGE)
 
     async def _open_parts(self, nc: Client, js: JetStreamContext) -> None:
         """The buckets, the dead letters, the promoter, the priority levels' watch and the
@@ -267,6 +287,44 @@ class NatsBroker(Broker):
         if self._leases is None:
             raise ConnectionError(f"the nats:// broker of queue {self.queue!r} is not connected")
         return self._leases
+
+    async def reclaim(
+        self, count: int, lease_ttl: Callable[[Job | None], float], min_idle: float
+    ) -> list[Delivery]:
+        """Nothing to take over: a stopped consumer's window lapses and the server delivers
+        its messages again by itself. What a killed server can leave (ack-pending entries
+        of messages gone, acked messages still in the stream) is put right here, at most
+        every ``REPAIR_EVERY`` seconds (``_repair.py``)."""
+        repairer, now = self._repairer, time.monotonic()
+        if repairer is None or now < self._repair_at:
+            return []
+        self._repair_at = now + REPAIR_EVERY
+        try:
+            done = await repairer.run(self._repair_parts(), self.settings.max_deliver <= 0)
+        except TRANSIENT:
+            raise  # the worker's outage handling says it once
+        except Exception as exc:  # a repair is a clean-up: it never stops the worker
+            log.warning(
+                "nats: queue %r: the repair after a server restart failed: %r", self.queue, exc
+            )
+            return []
+        if done:
+            log.warning(
+                "nats: queue %r: cleared %d ack-pending entries of messages no longer in its "
+                "stream and purged %d messages already acked (left by a server killed "
+                "without a clean shutdown)",
+                self.queue,
+                done.cleared,
+                done.purged,
+            )
+        return []
+
+    def _repair_parts(self) -> list[Part]:
+        names = self.names
+        levels = (0, *(self.levels.active if self.levels is not None else ()))
+        parts = [Part(names.stream, names.consumer_for(n), names.subject_for(n)) for n in levels]
+        parts.append(Part(names.delayed_stream, names.promoter, names.delayed_subject))
+        return parts
 
     def job_lease_backend(
         self, job: Job, limits: Limits | None = None, delivery: Delivery | None = None

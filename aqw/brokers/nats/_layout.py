@@ -330,17 +330,24 @@ def durability_note(version: str, replicas: int) -> str | None:
 
 
 async def open_queue(
-    servers: list[str], names: Layout, settings: Settings, ack_wait: float, timeout: float
+    servers: list[str],
+    names: Layout,
+    settings: Settings,
+    ack_wait: float,
+    timeout: float,
+    reconnected: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[Client, JetStreamContext, float, int]:
-    """A connection (reconnecting by itself, forever), its JetStream context, and the
-    queue's streams and consumers made ready; the AckWait its deliveries get, and the
-    replicas its stream has (read from the server, whatever the URL asked)."""
+    """A connection (reconnecting by itself, forever, and calling ``reconnected`` each
+    time it is back), its JetStream context, and the queue's streams and consumers made
+    ready; the AckWait its deliveries get, and the replicas its stream has (read from the
+    server, whatever the URL asked)."""
     nc = await nats.connect(
         servers=servers,
         name=f"aqw {names.queue}",
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.25,
         allow_reconnect=True,
+        reconnected_cb=reconnected,
     )
     js = nc.jetstream(timeout=timeout)
     exact = settings.ack_wait is not None
