@@ -57,7 +57,7 @@ def test_a_plain_job_is_within_the_budget_and_a_tighter_one_fails(
 
     tight = tmp_path / "budget.toml"
     tight.write_text("margin = 0.03\n[drain]\ncommands = 2\n[enqueue]\ncommands = 4\n")
-    over = run(subprocess_env, "--budget", str(tight))
+    over = run(subprocess_env, "--jobs", "100", "--budget", str(tight))  # fewer: a count
     assert over.returncode == 1
     [line] = [x for x in over.stdout.splitlines() if "OVER BUDGET" in x]
     assert line.startswith("cost_budget: OVER BUDGET drain.commands: ") and "budget 2" in line

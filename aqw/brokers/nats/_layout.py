@@ -337,10 +337,9 @@ async def open_queue(
     timeout: float,
     reconnected: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[Client, JetStreamContext, float, int]:
-    """A connection (reconnecting by itself, forever, and calling ``reconnected`` each
-    time it is back), its JetStream context, and the queue's streams and consumers made
-    ready; the AckWait its deliveries get, and the replicas its stream has (read from the
-    server, whatever the URL asked)."""
+    """A connection (reconnecting by itself, forever, ``reconnected`` called each time),
+    its JetStream context, and the queue's streams and consumers made ready; the AckWait
+    its deliveries get, and its stream's replicas (the server's, whatever the URL asked)."""
     nc = await nats.connect(
         servers=servers,
         name=f"aqw {names.queue}",
