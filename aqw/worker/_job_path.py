@@ -69,7 +69,7 @@ class JobPath:
         keeper: LeaseKeeper,
         settler: Settler,
         running: RunningJobs,
-        settling: set[asyncio.Task[Any]],
+        settle_started: Callable[[asyncio.Task[Any]], None],
         stats: WorkerStats,
         window: SlidingStats,
         stopping: asyncio.Event,
@@ -85,7 +85,7 @@ class JobPath:
         self.keeper = keeper
         self.settler = settler
         self.running = running
-        self.settling = settling
+        self.settle_started = settle_started
         self.stats = stats
         self.window = window
         self.stopping = stopping
@@ -167,7 +167,7 @@ class JobPath:
             error = outcome.error
             current = asyncio.current_task()
             if current is not None:
-                self.settling.add(current)  # finished: a shutdown must not cancel its settle
+                self.settle_started(current)  # finished: not cancelled, its slot freed
             if isinstance(error, RateLimited):  # an upstream's 429: later, no attempt spent
                 limited, error = error, None
                 if task.options.flow.floor is not None:  # an adaptive limit: lower it

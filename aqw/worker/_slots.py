@@ -1,5 +1,11 @@
 """A worker's job slots: at most ``concurrency`` jobs run at once, each in its own task, and
-up to ``prefetch`` more wait in a buffer for a slot to free."""
+up to ``prefetch`` more wait in a buffer for a slot to free.
+
+A job whose handler has returned gives its slot back as its settle starts (up to
+``concurrency`` of them at once): the next fetch and the next starts go out while the
+settles' round trips are on their way, instead of after them. The handlers running never
+pass ``concurrency``; a settling job keeps its lease (a cap or a rate limit counts it)
+until its settle is done."""
 
 from __future__ import annotations
 
@@ -35,7 +41,7 @@ class Slots:
 
     @property
     def in_flight(self) -> int:
-        """Jobs running now."""
+        """Jobs running or settling now."""
         return len(self.jobs)
 
     @property
@@ -44,8 +50,14 @@ class Slots:
 
     @property
     def free(self) -> int:
-        """Slots free now."""
-        return self.concurrency - len(self.jobs)
+        """Slots free now: those no job holds, and those of jobs settling."""
+        return self.concurrency - len(self.jobs) + min(len(self.settling), self.concurrency)
+
+    def settle_started(self, task: asyncio.Task[Any]) -> None:
+        """``task``'s handler has returned and its settle starts: a shutdown must not cancel
+        it, and its slot is free for the next job."""
+        self.settling.add(task)
+        self._freed.set()
 
     def offer(self, delivery: Delivery) -> None:
         """Start ``delivery`` in a free slot, or buffer it until one frees."""
@@ -60,7 +72,7 @@ class Slots:
             self._start(self._buffer.popleft())
 
     async def wait_free(self) -> None:
-        """Wait until a running job ends."""
+        """Wait until a running job ends or starts to settle."""
         self._freed.clear()
         await self._freed.wait()
 

@@ -132,7 +132,7 @@ class Worker:
                 keeper=self.keeper,
                 settler=settler,
                 running=self.running,
-                settling=self.slots.settling,
+                settle_started=self.slots.settle_started,
                 stats=self.stats,
                 window=self.window,
                 stopping=self._stop,

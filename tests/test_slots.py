@@ -1,0 +1,55 @@
+"""A job whose handler has returned frees its slot as its settle starts (``worker/_slots.py``):
+the next jobs start while the acks are on their way, the handlers running never pass
+``concurrency``, and every job is settled once."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import aqw
+from tests._helpers import run_burst
+
+
+async def test_the_next_jobs_start_while_acks_are_on_their_way() -> None:
+    app = aqw.App("memory://", queue=f"slots-{uuid.uuid4().hex[:8]}")
+    running = most = settling = 0
+    settling_at_start: list[int] = []
+    acked: list[bool] = []
+
+    @app.task(name="t")
+    async def t(n: int) -> None:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        settling_at_start.append(settling)
+        await asyncio.sleep(0.01)
+        running -= 1
+
+    ack = app.broker.ack
+
+    async def slow_ack(*args: Any, **kwargs: Any) -> bool:
+        nonlocal settling
+        settling += 1
+        try:
+            await asyncio.sleep(0.05)  # a settle's round trip
+            ok = await ack(*args, **kwargs)
+            acked.append(ok)
+            return ok
+        finally:
+            settling -= 1
+
+    app.broker.ack = slow_ack  # type: ignore[method-assign]
+    await t.enqueue_many(list(range(12)))
+    await run_burst(app, concurrency=3)
+    assert most == 3  # never more handlers at once than slots
+    assert max(settling_at_start) > 0  # jobs started while earlier ones were settling
+    assert acked == [True] * 12
+    assert (await app.broker.depth()).as_dict() == {
+        "waiting": 0,
+        "in_flight": 0,
+        "delayed": 0,
+        "dead": 0,
+    }
+    await app.close()
