@@ -91,7 +91,10 @@ async def test_sigkilled_worker_loses_nothing_and_fencing_holds(
             for c in summary["consumers"]
             if f"-{victim.pid}-" in c["name"].decode()
         )
-        assert 0 < orphaned <= CONCURRENCY, "the victim held no jobs when killed: nothing tested"
+        # at most its running jobs and as many more whose settles were on their way
+        # (``worker/_slots.py``: a settling job's slot takes the next job)
+        assert orphaned > 0, "the victim held no jobs when killed: nothing tested"
+        assert orphaned <= 2 * CONCURRENCY, f"the victim held {orphaned} deliveries"
 
         async def all_done() -> bool:
             return int(await client.hlen(top)) >= JOBS
