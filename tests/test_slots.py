@@ -49,3 +49,27 @@ async def test_the_next_jobs_start_while_acks_are_on_their_way() -> None:
     left = await app.broker.depth()
     assert (left.waiting, left.in_flight, left.dead) == (0, 0, 0)
     await app.close()
+
+
+async def test_a_job_under_a_per_key_cap_keeps_its_slot_until_it_has_settled() -> None:
+    """Its lease counts against the cap until its settle releases it: were its slot handed on
+    at once, the next job of its key would start, be refused and be put off."""
+    app = aqw.App("memory://", queue=f"slots-{uuid.uuid4().hex[:8]}")
+    ran: list[int] = []
+
+    @app.task(name="per_user", concurrency_key=lambda n: "user-1", max_per_key=1)
+    async def per_user(n: int) -> None:
+        ran.append(n)
+
+    ack = app.broker.ack
+
+    async def slow_ack(*args: Any, **kwargs: Any) -> bool:
+        await asyncio.sleep(0.05)
+        return await ack(*args, **kwargs)
+
+    app.broker.ack = slow_ack  # type: ignore[method-assign]
+    await per_user.enqueue_many(list(range(5)))
+    worker = await run_burst(app, concurrency=1)
+    assert ran == [0, 1, 2, 3, 4]
+    assert worker.stats.deferred == 0
+    await app.close()

@@ -48,6 +48,12 @@ def start_backend(
     return broker.job_lease_backend(job, None, delivery)
 
 
+def has_cap(task: Task[Any]) -> bool:
+    """Whether ``task`` has a per-key cap (``concurrency_key`` with ``max_per_key``)."""
+    flow = task.options.flow
+    return flow.concurrency_key is not None and flow.max_per_key is not None
+
+
 async def defer(
     settler: Settler,
     delivery: Delivery,

@@ -136,7 +136,7 @@ class Intake:
                 continue
             slots.start_buffered()
             want = slots.free + self.prefetch - slots.buffered
-            if slots.free <= 0 or want <= 0:
+            if slots.free <= 0 or want <= 0 or not slots.ready:
                 await slots.wait_free()
                 continue
             try:

@@ -31,12 +31,13 @@ from ..errors import (
     TooManyDeliveries,
     UnknownTask,
 )
+from ..flow import debounce_cap
 from ..job import Job
 from ..lease import Lease, LeaseKeeper
 from ..task import Task
 from ..telemetry import Telemetry, now_ns, record_batch
 from ._backoff import Backoff
-from ._deferring import AdaptiveRates, defer, start_backend
+from ._deferring import AdaptiveRates, defer, has_cap, start_backend
 from ._handler import Outcome, describe, run_handler
 from ._log_lines import SUCCEEDED, attempt_fields
 from ._needs import check_limits
@@ -69,7 +70,7 @@ class JobPath:
         keeper: LeaseKeeper,
         settler: Settler,
         running: RunningJobs,
-        settle_started: Callable[[asyncio.Task[Any]], None],
+        settle_started: Callable[[asyncio.Task[Any], bool], None],
         stats: WorkerStats,
         window: SlidingStats,
         stopping: asyncio.Event,
@@ -91,6 +92,8 @@ class JobPath:
         self.stopping = stopping
         self.spawn = spawn
         check_limits(broker, tasks)  # a limit the broker cannot hold: refused at start
+        #: The tasks with a per-key cap (a debounced job has one of its own, too).
+        self.capped = {name for name, t in tasks.items() if has_cap(t)}
         caps = [payload_limit(None), *(payload_limit(name) for name in tasks)]
         #: The largest message any task accepts: bigger ones are refused before parsing.
         self.receipt_cap = None if None in caps else max(c for c in caps if c is not None)
@@ -167,7 +170,10 @@ class JobPath:
             error = outcome.error
             current = asyncio.current_task()
             if current is not None:
-                self.settle_started(current)  # finished: not cancelled, its slot freed
+                # finished: not cancelled; its slot goes to the next job unless it holds a
+                # per-key cap (the next job of its key would be refused until it settles)
+                capped = task.name in self.capped or (job.key and debounce_cap(job))
+                self.settle_started(current, not capped)
             if isinstance(error, RateLimited):  # an upstream's 429: later, no attempt spent
                 limited, error = error, None
                 if task.options.flow.floor is not None:  # an adaptive limit: lower it

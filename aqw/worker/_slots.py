@@ -4,8 +4,8 @@ up to ``prefetch`` more wait in a buffer for a slot to free.
 A job whose handler has returned gives its slot back as its settle starts (up to
 ``concurrency`` of them at once): the next fetch and the next starts go out while the
 settles' round trips are on their way, instead of after them. The handlers running never
-pass ``concurrency``; a settling job keeps its lease (a cap or a rate limit counts it)
-until its settle is done."""
+pass ``concurrency``; a settling job keeps its lease until its settle is done, and a job
+under a per-key cap keeps its slot too (the next job of its key would only be refused)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,11 @@ class Slots:
         self.jobs: dict[asyncio.Task[None], str] = {}  # job task -> its delivery id
         #: Jobs that finished running and are settling: a shutdown must not cancel them.
         self.settling: set[asyncio.Task[Any]] = set()
+        #: Settling jobs whose slot has gone to the next job (at most ``concurrency``).
+        self._handed_on: set[asyncio.Task[Any]] = set()
+        self._busy = 0  # slots held: the jobs running, and those settling in their slot
+        #: Slots held at most for a settle's hand-on to wake the fetch: half of them free.
+        self._refill_at = concurrency // 2
         self._buffer: deque[Delivery] = deque()
         self._freed = asyncio.Event()
         self._on_done = self._done  # one bound method for every job task, not one each
@@ -50,14 +55,27 @@ class Slots:
 
     @property
     def free(self) -> int:
-        """Slots free now: those no job holds, and those of jobs settling."""
-        return self.concurrency - len(self.jobs) + min(len(self.settling), self.concurrency)
+        """Slots free now: those no job holds, and those handed on by jobs settling."""
+        return self.concurrency - self._busy
 
-    def settle_started(self, task: asyncio.Task[Any]) -> None:
+    @property
+    def ready(self) -> bool:
+        """Whether a fetch is worth it now: a slot no job holds, or half the slots handed on
+        by jobs settling (so the jobs fetched while acks are on their way come as a batch,
+        not one at a time, and are started and settled in batches too)."""
+        return len(self.jobs) < self.concurrency or self._busy <= self._refill_at
+
+    def settle_started(self, task: asyncio.Task[Any], frees: bool = True) -> None:
         """``task``'s handler has returned and its settle starts: a shutdown must not cancel
-        it, and its slot is free for the next job."""
+        it, and (``frees``) its slot is free for the next job. A job under a per-key cap
+        keeps its slot to the end of its settle: the next job of its key would be refused
+        (and put off) while its lease still counts."""
         self.settling.add(task)
-        self._freed.set()
+        if frees and len(self._handed_on) < self.concurrency:
+            self._handed_on.add(task)
+            self._busy -= 1
+            if self._busy <= self._refill_at:  # the fetch takes a batch, not a job at a time
+                self._freed.set()
 
     def offer(self, delivery: Delivery) -> None:
         """Start ``delivery`` in a free slot, or buffer it until one frees."""
@@ -105,11 +123,16 @@ class Slots:
     def _start(self, delivery: Delivery) -> None:
         task = asyncio.get_running_loop().create_task(self._run(delivery))
         self.jobs[task] = delivery.id
+        self._busy += 1
         task.add_done_callback(self._on_done)
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self.jobs.pop(task, None)
         self.settling.discard(task)
+        if task in self._handed_on:
+            self._handed_on.discard(task)
+        else:
+            self._busy -= 1
         self._freed.set()
         if not task.cancelled() and task.exception() is not None:
             log.error("job runner crashed", exc_info=task.exception())

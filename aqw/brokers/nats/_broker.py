@@ -169,6 +169,8 @@ class NatsBroker(Broker):
         # The server may be back from a kill, its consumers and streams restored from
         # different moments: looked at soon, not at the next regular repair.
         self._repair_at = min(self._repair_at, time.monotonic() + REPAIR_AFTER_OUTAGE)
+        if self._repairer is not None:
+            self._repairer.after_outage()
 
     async def _open_parts(self, nc: Client, js: JetStreamContext) -> None:
         """The buckets, the dead letters, the promoter, the priority levels' watch and the

@@ -124,14 +124,21 @@ class Repairer:
         self._nc = nc
         self._js = js
         self._floors: dict[Part, tuple[int, int]] = {}  # (floor, runs it has not moved)
+        self._walk = False  # the next run walks every part with deliveries in flight
+
+    def after_outage(self) -> None:
+        """The connection is back: the server may have been killed and restarted, its
+        consumers restored with entries of messages gone (and acked messages above them
+        hiding the shortfall), so the next run walks every pending range."""
+        self._walk = True
 
     async def run(self, parts: Sequence[Part], purge: bool = True) -> Repaired:
         """``purge``: whether acked messages are purged (not when the consumers have a
         ``MaxDeliver``: a message the server gave up on stays below the floor too, and
         only aqw's own dead-lettering may end a job that did not finish)."""
-        total = Repaired()
+        total, walk, self._walk = Repaired(), self._walk, False
         for part in parts:
-            done = await self.part(part, purge)
+            done = await self.part(part, purge, walk)
             total.cleared += done.cleared
             total.purged += done.purged
         return total
@@ -142,7 +149,7 @@ class Repairer:
         self._floors[part] = (floor, runs)
         return runs >= STUCK_RUNS
 
-    async def part(self, part: Part, purge: bool = True) -> Repaired:
+    async def part(self, part: Part, purge: bool = True, walk: bool = False) -> Repaired:
         nc, js, done = self._nc, self._js, Repaired()
         info = await js.consumer_info(part.stream, part.consumer)
         floor = int(info.ack_floor.stream_seq or 0) if info.ack_floor else 0
@@ -152,7 +159,7 @@ class Repairer:
             await js.purge_stream(part.stream, seq=floor + 1, subject=part.subject)
             done.purged = max(0, before - await _count(js, part))
         pending = int(info.num_ack_pending or 0)
-        stuck = self._stuck(part, floor, pending > 0)
+        stuck = self._stuck(part, floor, pending > 0) or walk
         if not pending:
             return done
         # With a work queue the subject holds the messages not yet delivered and those in

@@ -15,11 +15,13 @@ import signal
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
 
 import aqw
+from aqw.brokers.nats._repair import Repairer
 from aqw.idempotency import SqlCompletionStore
 from aqw.job import Job
 from tests._helpers import eventually
@@ -110,7 +112,9 @@ async def test_kills_of_workers_and_of_the_server_lose_nothing_and_apply_nothing
             await eventually(all_applied, 120, f"all {JOBS} jobs applied", interval=0.2)
         except AssertionError:
             check = aqw.App(f"{url}?queue={queue}&ack_wait=3").broker
-            raise AssertionError(f"{seen[-1]} of {JOBS} applied; {await check.depth()}") from None
+            depth = await check.depth()
+            await check.close()
+            raise AssertionError(f"{seen[-1]} of {JOBS} applied; {depth}") from None
         drained_in = time.monotonic() - last_fault
         at_fault = seen[0] if seen else 0
         print(f"drained {drained_in:.1f}s after the last fault ({at_fault} of {JOBS} applied then)")
@@ -145,9 +149,12 @@ async def test_kills_of_workers_and_of_the_server_lose_nothing_and_apply_nothing
                 for name, _ in streams
                 for c in await js.consumers_info(name)
             ]
+            left = await _what_is_left(nc, check)
             await nc.close()
+            depth = await check.depth()
+            await check.close()
             raise AssertionError(
-                f"not empty: {await check.depth()}; streams {streams}; consumers {consumers}"
+                f"not empty: {depth}; streams {streams}; consumers {consumers}; {left}"
             ) from None
         await check.close()
     finally:
@@ -159,3 +166,32 @@ async def test_kills_of_workers_and_of_the_server_lose_nothing_and_apply_nothing
         await db.execute("DELETE FROM aqw_completions WHERE queue = $1", queue)
         await db.execute("DELETE FROM aqw_fences WHERE queue = $1", queue)
         await db.close()
+
+
+async def _what_is_left(nc: Any, check: Any) -> str:
+    """The queue's consumer (ack floor, last delivered), the messages left in its stream
+    above and below the floor with their jobs' record states, and what a repair run that
+    walks every pending range then does."""
+    js = nc.jetstream()
+    names = check.names
+    info = await js.consumer_info(names.stream, names.consumer)
+    floor, last = info.ack_floor.stream_seq, info.delivered.stream_seq
+    left: list[str] = []
+    seq = 1
+    while len(left) < 60:
+        try:
+            msg = await js.get_msg(names.stream, seq, subject=names.subject, next=True)
+        except Exception:
+            break
+        seq = int(msg.seq or 0) + 1
+        record = await check.records.record(Job.decode(msg.data or b"").id)
+        side = "below" if msg.seq is not None and msg.seq <= floor else "above"
+        left.append(f"{msg.seq}:{side}:{record.state if record else None}")
+    repairer = Repairer(nc, js)
+    repairer.after_outage()
+    done = await repairer.run(check._repair_parts())
+    after = await js.consumer_info(names.stream, names.consumer)
+    return (
+        f"floor {floor}, last {last}; left {left}; a walking repair: {done}, then "
+        f"{after.num_pending} waiting and {after.num_ack_pending} in flight"
+    )
