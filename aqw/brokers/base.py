@@ -121,6 +121,12 @@ class Broker(abc.ABC):
     #: after its own latest retry came due.
     depth_lag: float = 0.0
 
+    #: Seconds a delivery stays this consumer's after its last ``keep_alive`` when the broker
+    #: fixes that window whatever the lease TTL (NATS's AckWait set in the URL); None: the
+    #: lease's TTL decides. A job's lease renews (and keeps its delivery alive) at least
+    #: every third of it.
+    delivery_window: float | None = None
+
     #: True when a job's id says where the job lives (a partitioned queue): the producer
     #: then takes each job's id from ``job_id_for``.
     routes_jobs: bool = False

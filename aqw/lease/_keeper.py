@@ -65,8 +65,9 @@ class RenewalTimes:
     def renew_after(self, ttl: float, every: float) -> float:
         """Seconds from a renewal's send to the next one's: ``every``, or sooner, so that
         ``MARGIN_TIMEOUTS`` renewal timeouts are left before the lease expires (never sooner
-        than a tenth of ``ttl``: past that only a longer TTL helps)."""
-        return max(ttl / 10, min(every, ttl - MARGIN_TIMEOUTS * self.timeout))
+        than a tenth of ``ttl``, or ``every`` when that is shorter: past that only a longer
+        TTL helps)."""
+        return max(min(ttl / 10, every), min(every, ttl - MARGIN_TIMEOUTS * self.timeout))
 
 
 class Renewable(Protocol):

@@ -140,10 +140,13 @@ class JobPath:
         if job.expired():
             await self.settler.end_unrun(task, delivery, job, None, "expired")
             return
+        ttl, window = task.options.lease_ttl, self.broker.delivery_window
         lease = Lease(
             start_backend(self.broker, task, job, payload, delivery),
             self.broker.job_lease_key(job),
-            ttl=task.options.lease_ttl,
+            ttl=ttl,
+            # a delivery window shorter than the lease: renewed (kept alive) within it
+            renew_every=window / 3 if window is not None and window < ttl else None,
             keep_alive=partial(self._keep_alive, delivery, job.id),
             keeper=self.keeper,
         )

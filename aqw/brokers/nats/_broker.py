@@ -136,6 +136,7 @@ class NatsBroker(Broker):
         if js is not None and self.settings.ack_wait is None and want > self._windows.ack_wait:
             args = (names.stream, names.consumer, names.subject, want, False)
             self._windows.set_ack_wait(await ensure_consumer(js, *args, self.settings.max_deliver))
+            self._fix_window()
             if self.levels is not None:
                 await self.levels.raise_ack_wait(self._windows.ack_wait)
 
@@ -158,12 +159,18 @@ class NatsBroker(Broker):
             self._reconnected,
         )
         self._windows.set_ack_wait(ack_wait)
+        self._fix_window()
         # a bucket made while a cluster's node is down or rejoining can be refused for a
         # moment (no peers for placement): tried again, as the streams are
         await settled_or_closed(nc, lambda: self._open_parts(nc, js))
         self._nc, self._js = nc, js
         self._repairer = Repairer(nc, js)
         warn_durability(nc, replicas, _warned)
+
+    def _fix_window(self) -> None:
+        """A window the URL fixed (``ack_wait=``) is what a lease renewal must beat."""
+        exact = self.settings.ack_wait is not None
+        self.delivery_window = self._windows.ack_wait if exact else None
 
     async def _reconnected(self) -> None:
         # The server may be back from a kill, its consumers and streams restored from

@@ -27,7 +27,8 @@ either:
 Cost when nothing is wrong: per consumer, its info, a look at the first message of its
 subject and, while deliveries are in flight, the subject's message count (the walk over
 the pending range runs only when that count is short of what the consumer says it holds,
-or its ack floor has not moved for ``STUCK_RUNS`` runs):
+its ack floor has not moved for ``STUCK_RUNS`` runs, or the connection is back from an
+outage):
 run by each worker at most once every ``REPAIR_EVERY`` seconds, and soon after its
 connection comes back from an outage.
 """

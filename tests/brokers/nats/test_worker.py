@@ -155,3 +155,24 @@ async def test_a_start_writes_the_record_its_producer_wrote_without_reading_it(
         assert (await app.job(ids[2])).state == "cancelled"
     finally:
         await app.close()
+
+
+async def test_a_job_longer_than_a_fixed_ack_window_keeps_its_delivery(nats_queue: str) -> None:
+    """The URL fixes AckWait at 2 s under the default 30 s lease: the lease renews (and keeps
+    the delivery alive) every third of the window, not of the lease, so a 3 s job runs once
+    and its ack is taken (``Broker.delivery_window``)."""
+    app = aqw.App(f"{URL}?queue={nats_queue}&ack_wait=2")
+    runs: list[int] = []
+
+    @app.task(name="slow")
+    async def slow(n: int) -> int:
+        runs.append(n)
+        await asyncio.sleep(3.0)
+        return n
+
+    async with app.worker(concurrency=2):
+        job_id = await slow.enqueue(1)
+        assert await app.result(job_id, timeout=20) is None
+    assert runs == [1]
+    assert app.broker.delivery_window == 2.0
+    await app.close()
