@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -359,6 +360,9 @@ class NatsBroker(Broker):
         None, touching nothing of another holder's, when it is not."""
         held = self._windows.hold(delivery)
         if held is None:
+            if lease is not None:  # its window has closed: the job runs again (redelivered);
+                with contextlib.suppress(*TRANSIENT):  # its next start need not wait out
+                    await self.lease_backend().release(lease.key, lease.token)  # the TTL
             return None
         if lease is not None and not await self.lease_backend().release(lease.key, lease.token):
             return None

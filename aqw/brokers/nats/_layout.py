@@ -1,6 +1,5 @@
-"""What a queue is made of on JetStream, created on connect when missing: its names, the
-streams, the durable pull consumer, the key-value buckets, and the one-line warning about
-what the server's disk syncs do not cover.
+"""What a queue is made of on JetStream, created on connect when missing: its names, streams,
+consumer, key-value buckets, and the warning about what the server's disk syncs miss.
 
 One queue ``q`` is:
 
@@ -195,14 +194,17 @@ class Settings:
 
 
 async def _stream(js: JetStreamContext, config: StreamConfig) -> None:
-    """The stream, created when missing; one that exists gets the subjects it lacks (a queue
-    made before priority levels gains their subjects), its other settings kept."""
+    """The stream, created when missing (or read, made by another process meanwhile: 2.9.10
+    refuses the create as "subjects overlap"); one that exists gets the subjects it lacks."""
     assert config.name is not None
     try:
         info = await js.stream_info(config.name)
     except NotFoundError:
-        await js.add_stream(config)
-        return
+        try:
+            await js.add_stream(config)
+            return
+        except nats.js.errors.BadRequestError:
+            info = await js.stream_info(config.name)
     have = list(info.config.subjects or [])
     missing = [s for s in config.subjects or [] if s not in have]
     if missing:
@@ -211,7 +213,7 @@ async def _stream(js: JetStreamContext, config: StreamConfig) -> None:
 
 
 async def ensure_streams(js: JetStreamContext, names: Layout, settings: Settings) -> None:
-    """The queue's three streams, created when missing (an existing one is kept as it is)."""
+    """The queue's three streams, created when missing (an existing one kept as it is)."""
     file, r = StorageType.FILE, settings.replicas
     window = DUPLICATE_WINDOW
     work = RetentionPolicy.WORK_QUEUE
@@ -297,8 +299,7 @@ async def bucket(
 
 
 async def open_buckets(js: JetStreamContext, names: Layout, replicas: int) -> dict[str, KeyValue]:
-    """The queue's buckets by role (``leases``, ``keys``, ``state``, ``records``, ``depth``),
-    each created when missing; records and depth samples expire."""
+    """The queue's buckets by role, each created when missing (records and samples expire)."""
     return {
         "leases": await bucket(js, names.leases_bucket, replicas),
         "keys": await bucket(js, names.keys_bucket, replicas),
@@ -337,9 +338,8 @@ async def open_queue(
     timeout: float,
     reconnected: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[Client, JetStreamContext, float, int]:
-    """A connection (reconnecting by itself, forever, ``reconnected`` called each time),
-    its JetStream context, and the queue's streams and consumers made ready; the AckWait
-    its deliveries get, and its stream's replicas (the server's, whatever the URL asked)."""
+    """A connection (reconnecting forever, ``reconnected`` called each time), its JetStream
+    context, the queue's streams and consumers ready; its AckWait and stream's replicas."""
     nc = await nats.connect(
         servers=servers,
         name=f"aqw {names.queue}",

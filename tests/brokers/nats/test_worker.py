@@ -176,3 +176,26 @@ async def test_a_job_longer_than_a_fixed_ack_window_keeps_its_delivery(nats_queu
     assert runs == [1]
     assert app.broker.delivery_window == 2.0
     await app.close()
+
+
+async def test_a_settle_after_the_window_closed_releases_the_lease(nats_queue: str) -> None:
+    """The ack is refused (the message is being delivered again), and the job's lease goes
+    with it: the next delivery's start does not wait out the lease's TTL (before, every
+    redelivery was refused for 30 s and the job dead-lettered as delivered too often)."""
+    from aqw.brokers.nats import NatsBroker, Settings
+    from aqw.job import Job
+    from aqw.lease import Lease
+
+    b = NatsBroker(nats_queue, [URL], Settings(ack_wait=1.0))
+    try:
+        sent = Job(task="t", payload=1)
+        await b.publish([sent])
+        await b.start_consuming("c1")
+        [d] = await b.fetch(1, 5.0)
+        lease = Lease(b.job_lease_backend(sent, None, d), b.job_lease_key(sent), ttl=30)
+        await lease.acquire()
+        await asyncio.sleep(1.1)  # past the window
+        assert await b.ack(d, sent, lease) is False
+        assert await b.lease_backend().acquire(b.job_lease_key(sent), "next", 30_000) is not None
+    finally:
+        await b.close()
